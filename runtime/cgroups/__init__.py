@@ -1,0 +1,1 @@
+"""Cgroup managers: `manager.py` holds the interface and the shared stats record; `v1.py` and `v2.py` implement it."""

@@ -1,0 +1,111 @@
+"""The cgroup manager interface and the stats record shared by the v1 and v2 managers.
+
+The runtime, the shim and husk-cri only ever call this interface; cgroup files are touched
+only by v1.py and v2.py. `for_config` picks the implementation the host has.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass
+class CpuStats:
+    usage_ns: int = 0          # total CPU time used (cpuacct.usage / cpu.stat usage_usec * 1000)
+    user_ns: int = 0
+    system_ns: int = 0
+    nr_periods: int = 0
+    nr_throttled: int = 0
+    throttled_ns: int = 0
+
+
+@dataclass
+class MemoryStats:
+    usage: int = 0             # memory.usage_in_bytes / memory.current
+    limit: int = 0             # 0 = unlimited
+    max_usage: int = 0         # v1 only (memory.max_usage_in_bytes)
+    working_set: int = 0       # usage minus inactive file pages, as kubelet computes it
+    rss: int = 0               # anon memory
+    cache: int = 0             # page cache (file)
+    swap_usage: int = 0
+    oom_events: int = 0        # times the limit was hit (v1 failcnt-based / v2 memory.events oom)
+    oom_kills: int = 0         # processes killed by the OOM killer in this cgroup (memory.events oom_kill)
+    raw: dict[str, int] = field(default_factory=dict)  # memory.stat as read
+
+
+@dataclass
+class PidsStats:
+    current: int = 0
+    limit: int = 0             # 0 = unlimited
+
+
+@dataclass
+class IoStats:
+    read_bytes: int = 0
+    write_bytes: int = 0
+    read_ios: int = 0
+    write_ios: int = 0
+
+
+@dataclass
+class HugetlbStats:
+    usage: int = 0
+    max_usage: int = 0
+    failcnt: int = 0
+
+
+@dataclass
+class Stats:
+    """One structure for v1 and v2, filled as far as the host's controllers allow."""
+    cpu: CpuStats = field(default_factory=CpuStats)
+    memory: MemoryStats = field(default_factory=MemoryStats)
+    pids: PidsStats = field(default_factory=PidsStats)
+    io: IoStats = field(default_factory=IoStats)
+    hugetlb: dict[str, HugetlbStats] = field(default_factory=dict)   # page size ("2MB") -> stats
+
+
+class Manager(Protocol):
+    """One container's cgroup (or, for v1, its directory in each controller hierarchy).
+
+    `resources` is the OCI `linux.resources` object as a dict (the JSON of config.json);
+    each method raises runtime.errors.SetupError naming the file and the reason on failure.
+    """
+
+    path: str  # the cgroupsPath as resolved (absolute within the hierarchy, e.g. "/husk/abc")
+
+    def create(self) -> None:
+        """Creates the cgroup (and, on v2, enables the needed controllers in every ancestor)."""
+
+    def apply(self, pid: int) -> None:
+        """Moves `pid` into the cgroup."""
+
+    def set(self, resources: dict[str, Any]) -> None:
+        """Writes every limit given in `resources`; fields that are absent are left alone."""
+
+    def stats(self) -> Stats:
+        ...
+
+    def pids(self) -> list[int]:
+        """Every pid in the cgroup (recursively on v2 / v1 with children)."""
+
+    def freeze(self) -> None:
+        """Freezes every process; returns once the kernel reports the cgroup frozen."""
+
+    def thaw(self) -> None:
+        ...
+
+    def frozen(self) -> bool:
+        ...
+
+    def kill_all(self, sig: int) -> None:
+        """Sends `sig` to every process in the cgroup (cgroup.kill on v2 when sig is SIGKILL)."""
+
+    def oom_event_fd(self) -> int | None:
+        """A file descriptor that becomes readable when an OOM event occurs (v1: eventfd registered on
+        memory.oom_control; v2: an inotify fd on memory.events), or None if the host has no memory controller."""
+
+    def destroy(self) -> None:
+        """Removes the cgroup directories (processes must be gone); a cgroup already gone is not an error."""
+
+    def exists(self) -> bool:
+        ...

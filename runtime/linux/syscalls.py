@@ -1,0 +1,270 @@
+"""The one place that calls libc: namespaces, mounts, pivot_root, prctl, capabilities.
+
+Everything above this module takes these functions by name (or the whole module as a
+parameter) so that logic can be unit-tested without root. Imports only ctypes and os:
+this module is on every container start's hot path.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+# --- clone / namespace flags (linux/sched.h) -------------------------------------------
+CLONE_NEWTIME = 0x00000080
+CLONE_NEWNS = 0x00020000
+CLONE_NEWCGROUP = 0x02000000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+
+# OCI namespace type -> (clone flag, /proc/<pid>/ns/<name>)
+NAMESPACES: dict[str, tuple[int, str]] = {
+    "pid": (CLONE_NEWPID, "pid"),
+    "network": (CLONE_NEWNET, "net"),
+    "mount": (CLONE_NEWNS, "mnt"),
+    "ipc": (CLONE_NEWIPC, "ipc"),
+    "uts": (CLONE_NEWUTS, "uts"),
+    "user": (CLONE_NEWUSER, "user"),
+    "cgroup": (CLONE_NEWCGROUP, "cgroup"),
+    "time": (CLONE_NEWTIME, "time"),
+}
+
+# --- mount flags (linux/mount.h) --------------------------------------------------------
+MS_RDONLY = 1
+MS_NOSUID = 2
+MS_NODEV = 4
+MS_NOEXEC = 8
+MS_SYNCHRONOUS = 16
+MS_REMOUNT = 32
+MS_MANDLOCK = 64
+MS_DIRSYNC = 128
+MS_NOSYMFOLLOW = 256
+MS_NOATIME = 1024
+MS_NODIRATIME = 2048
+MS_BIND = 4096
+MS_MOVE = 8192
+MS_REC = 16384
+MS_SILENT = 32768
+MS_POSIXACL = 1 << 16
+MS_UNBINDABLE = 1 << 17
+MS_PRIVATE = 1 << 18
+MS_SLAVE = 1 << 19
+MS_SHARED = 1 << 20
+MS_RELATIME = 1 << 21
+MS_KERNMOUNT = 1 << 22
+MS_I_VERSION = 1 << 23
+MS_STRICTATIME = 1 << 24
+MS_LAZYTIME = 1 << 25
+
+MNT_FORCE = 1
+MNT_DETACH = 2
+MNT_EXPIRE = 4
+UMOUNT_NOFOLLOW = 8
+
+# --- prctl (linux/prctl.h) --------------------------------------------------------------
+PR_SET_PDEATHSIG = 1
+PR_GET_DUMPABLE = 3
+PR_SET_DUMPABLE = 4
+PR_GET_KEEPCAPS = 7
+PR_SET_KEEPCAPS = 8
+PR_SET_NAME = 15
+PR_GET_SECCOMP = 21
+PR_CAPBSET_READ = 23
+PR_CAPBSET_DROP = 24
+PR_SET_CHILD_SUBREAPER = 36
+PR_GET_CHILD_SUBREAPER = 37
+PR_SET_NO_NEW_PRIVS = 38
+PR_GET_NO_NEW_PRIVS = 39
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_IS_SET = 1
+PR_CAP_AMBIENT_RAISE = 2
+PR_CAP_AMBIENT_LOWER = 3
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+
+# --- x86_64 syscall numbers for calls glibc 2.36 has no wrapper for ---------------------
+SYS_pivot_root = 155
+SYS_capget = 125
+SYS_capset = 126
+SYS_seccomp = 317
+SYS_bpf = 321
+SYS_pidfd_send_signal = 424
+SYS_open_tree = 428
+SYS_move_mount = 429
+SYS_pidfd_open = 434
+SYS_clone3 = 435
+SYS_close_range = 436
+SYS_openat2 = 437
+SYS_mount_setattr = 442
+
+_libc.syscall.restype = ctypes.c_long
+_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+_libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+_libc.unshare.argtypes = [ctypes.c_int]
+_libc.setns.argtypes = [ctypes.c_int, ctypes.c_int]
+_libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+_libc.sethostname.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+_libc.setdomainname.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+
+
+def _fs(path: str | bytes | None) -> bytes | None:
+    if path is None:
+        return None
+    return os.fsencode(path)
+
+
+def _check(ret: int, what: str, path: str | bytes | None = None) -> int:
+    if ret < 0:
+        err = ctypes.get_errno()
+        if path is not None:
+            raise OSError(err, f"{what}: {os.strerror(err)}", os.fsdecode(path))
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+    return ret
+
+
+def unshare(flags: int) -> None:
+    _check(_libc.unshare(flags), "unshare")
+
+
+def setns(fd: int, nstype: int = 0) -> None:
+    _check(_libc.setns(fd, nstype), "setns")
+
+
+def mount(source: str | bytes | None, target: str | bytes, fstype: str | bytes | None,
+          flags: int = 0, data: str | bytes | None = None) -> None:
+    """mount(2). The error names the target and the flags, as crun's messages do."""
+    ret = _libc.mount(_fs(source), _fs(target), _fs(fstype), flags, _fs(data))
+    if ret < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount {os.fsdecode(source or b'none')!r} to {os.fsdecode(target)!r} "
+                           f"(type {os.fsdecode(fstype or b'none')}, flags {flags:#x}): {os.strerror(err)}",
+                      os.fsdecode(target))
+
+
+def umount2(target: str | bytes, flags: int = 0) -> None:
+    _check(_libc.umount2(_fs(target), flags), "umount2", target)
+
+
+def pivot_root(new_root: str | bytes, put_old: str | bytes) -> None:
+    _check(_libc.syscall(SYS_pivot_root, _fs(new_root), _fs(put_old)), "pivot_root", new_root)
+
+
+def prctl(option: int, arg2: int = 0, arg3: int = 0, arg4: int = 0, arg5: int = 0) -> int:
+    return _check(_libc.prctl(option, arg2, arg3, arg4, arg5), f"prctl({option})")
+
+
+def sethostname(name: str) -> None:
+    b = name.encode()
+    _check(_libc.sethostname(b, len(b)), "sethostname")
+
+
+def setdomainname(name: str) -> None:
+    b = name.encode()
+    _check(_libc.setdomainname(b, len(b)), "setdomainname")
+
+
+def set_child_subreaper(on: bool = True) -> None:
+    prctl(PR_SET_CHILD_SUBREAPER, 1 if on else 0)
+
+
+def set_pdeathsig(sig: int) -> None:
+    prctl(PR_SET_PDEATHSIG, sig)
+
+
+def set_dumpable(on: bool) -> None:
+    prctl(PR_SET_DUMPABLE, 1 if on else 0)
+
+
+def set_no_new_privs() -> None:
+    prctl(PR_SET_NO_NEW_PRIVS, 1)
+
+
+def set_keepcaps(on: bool) -> None:
+    prctl(PR_SET_KEEPCAPS, 1 if on else 0)
+
+
+def set_name(name: str) -> None:
+    """Sets the thread's comm (what ps shows), at most 15 bytes."""
+    buf = ctypes.create_string_buffer(name.encode()[:15])
+    _check(_libc.prctl(PR_SET_NAME, ctypes.cast(buf, ctypes.c_void_p).value or 0, 0, 0, 0), "prctl(PR_SET_NAME)")
+
+
+# --- capabilities (linux/capability.h, version 3: two 32-bit words per set) -------------
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                ("inheritable", ctypes.c_uint32)]
+
+
+def capget(pid: int = 0) -> tuple[int, int, int]:
+    """Returns (effective, permitted, inheritable) as 64-bit masks."""
+    hdr = _CapHeader(_LINUX_CAPABILITY_VERSION_3, pid)
+    data = (_CapData * 2)()
+    _check(_libc.syscall(SYS_capget, ctypes.byref(hdr), ctypes.byref(data)), "capget")
+    return (data[0].effective | data[1].effective << 32,
+            data[0].permitted | data[1].permitted << 32,
+            data[0].inheritable | data[1].inheritable << 32)
+
+
+def capset(effective: int, permitted: int, inheritable: int) -> None:
+    hdr = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
+    data = (_CapData * 2)()
+    for i, shift in ((0, 0), (1, 32)):
+        data[i].effective = (effective >> shift) & 0xFFFFFFFF
+        data[i].permitted = (permitted >> shift) & 0xFFFFFFFF
+        data[i].inheritable = (inheritable >> shift) & 0xFFFFFFFF
+    _check(_libc.syscall(SYS_capset, ctypes.byref(hdr), ctypes.byref(data)), "capset")
+
+
+def capbset_read(cap: int) -> bool:
+    return prctl(PR_CAPBSET_READ, cap) == 1
+
+
+def capbset_drop(cap: int) -> None:
+    prctl(PR_CAPBSET_DROP, cap)
+
+
+def ambient_raise(cap: int) -> None:
+    prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, cap)
+
+
+def ambient_clear_all() -> None:
+    prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
+
+
+def last_cap() -> int:
+    """The highest capability number the running kernel knows."""
+    with open("/proc/sys/kernel/cap_last_cap") as f:
+        return int(f.read())
+
+
+# --- pidfd, close_range ------------------------------------------------------------------
+def pidfd_open(pid: int, flags: int = 0) -> int:
+    return _check(_libc.syscall(SYS_pidfd_open, ctypes.c_int(pid), ctypes.c_uint(flags)), "pidfd_open")
+
+
+def pidfd_send_signal(pidfd: int, sig: int) -> None:
+    _check(_libc.syscall(SYS_pidfd_send_signal, ctypes.c_int(pidfd), ctypes.c_int(sig),
+                         None, ctypes.c_uint(0)), "pidfd_send_signal")
+
+
+CLOSE_RANGE_CLOEXEC = 4
+
+
+def close_range(first: int, last: int = 0xFFFFFFFF, flags: int = 0) -> None:
+    _check(_libc.syscall(SYS_close_range, ctypes.c_uint(first), ctypes.c_uint(last),
+                         ctypes.c_uint(flags)), "close_range")
+
+
+def raw_syscall(number: int, *args: object) -> int:
+    """For the few callers (seccomp, bpf) that build their own argument structures."""
+    return _check(_libc.syscall(number, *args), f"syscall({number})")
