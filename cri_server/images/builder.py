@@ -238,3 +238,38 @@ def pause_image(catatonit: str = "/usr/bin/catatonit", name: str = "pause") -> I
     layer = Layer([Entry("pause", "file", 0o755, src=catatonit)])
     return ImageSpec(name, ["registry.k8s.io/pause:3.9"], [layer],
                      {"Entrypoint": ["/pause", "-P"], "User": "65535:65535"})
+
+
+def write_index_image(out: str, name: str, specs: list[ImageSpec], cache: LayerCache,
+                      tag: str = "latest", variants: dict[str, str] | None = None) -> Built:
+    """Write a multi-platform image: an OCI layout whose index.json points to an image index listing one
+    manifest per spec (platform from spec.os/spec.architecture, plus `variants[spec.name]`)."""
+    layout = os.path.join(out, name)
+    if os.path.exists(layout):
+        shutil.rmtree(layout)
+    os.makedirs(os.path.join(layout, "blobs", "sha256"))
+    with open(os.path.join(layout, "oci-layout"), "w") as f:
+        json.dump({"imageLayoutVersion": "1.0.0"}, f)
+    entries = []
+    size = 0
+    for spec in specs:
+        man_b, cfg_b, blobs = image_blobs(spec, cache)
+        for blob, _t in blobs:
+            write_blob(layout, blob)
+            size += len(blob)
+        write_blob(layout, cfg_b)
+        man_d = write_blob(layout, man_b)
+        size += len(man_b) + len(cfg_b)
+        plat: dict[str, str] = {"architecture": spec.architecture, "os": spec.os}
+        if variants and variants.get(spec.name):
+            plat["variant"] = variants[spec.name]
+        entries.append({"mediaType": mt.DOCKER_MANIFEST if spec.docker_types else mt.OCI_MANIFEST,
+                        "digest": man_d, "size": len(man_b), "platform": plat})
+    idx_b = json.dumps({"schemaVersion": 2, "mediaType": mt.OCI_INDEX, "manifests": entries},
+                       sort_keys=True, separators=(",", ":")).encode()
+    idx_d = write_blob(layout, idx_b)
+    with open(os.path.join(layout, "index.json"), "w") as f:
+        json.dump({"schemaVersion": 2, "mediaType": mt.OCI_INDEX, "manifests": [
+            {"mediaType": mt.OCI_INDEX, "digest": idx_d, "size": len(idx_b), "annotations": {REF_NAME: tag}}]},
+            f, sort_keys=True)
+    return Built(name, layout, idx_d, "", tuple(specs[0].refs) if specs else (), size)

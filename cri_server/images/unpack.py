@@ -95,7 +95,7 @@ def _chunks(f: BinaryIO, layer: str, cancel: threading.Event | None) -> Iterator
 
 def gnu_tar_command(dest: str) -> list[str]:
     return [GNU_TAR, "-x", "-f", "-", "-C", dest, "--numeric-owner", "--same-owner", "--same-permissions",
-            "--xattrs", "--xattrs-include=*", "--no-acls", "--no-selinux"]
+            "--xattrs", "--xattrs-include=*", "--no-acls", "--no-selinux", "--delay-directory-restore"]
 
 
 def apply_gnutar(path: str, compression: str, dest: str, layer: str,
@@ -196,6 +196,8 @@ def convert_whiteouts(dest: str, rules: LayerRules) -> int:
                 # A whiteout hides lower layers only; a same-layer entry of that name wins (OCI image spec).
                 if not exists:
                     os.mknod(target, stat.S_IFCHR, os.makedev(0, 0), dir_fd=pfd)
+                    # the whiteout entry's own mtime, so unpacking is reproducible
+                    os.utime(target, ns=(st.st_mtime_ns, st.st_mtime_ns), dir_fd=pfd, follow_symlinks=False)
                     made += 1
                 restore()
             finally:
@@ -308,7 +310,7 @@ def apply_tarfile(path: str, compression: str, dest: str, layer: str,
     rules = LayerRules(layer)
     made = 0
     dirs: list[tuple[str, tarfile.TarInfo]] = []
-    whiteouts: list[str] = []
+    whiteouts: list[tuple[str, float]] = []
     with open_decompressed(path, compression) as raw:
         reader = _HashingReader(raw, layer, cancel)
         try:
@@ -326,7 +328,7 @@ def apply_tarfile(path: str, compression: str, dest: str, layer: str,
                 if base == WHITEOUT_OPAQUE:
                     continue  # rules.opaques has it
                 if base.startswith(WHITEOUT_PREFIX) and not base.startswith(WHITEOUT_META_PREFIX):
-                    whiteouts.append(name)
+                    whiteouts.append((name, ti.mtime))
                     continue
                 parent = os.path.dirname(target)
                 if name and not os.path.isdir(parent):
@@ -359,11 +361,14 @@ def apply_tarfile(path: str, compression: str, dest: str, layer: str,
         except tarfile.TarError as e:
             raise InvalidLayer(layer, f"bad tar stream: {e}") from None
         reader.drain()
-    for name in whiteouts:
+    for name, mtime in whiteouts:
         parent, _, base = name.rpartition("/")
         real = os.path.join(dest, parent, base[len(WHITEOUT_PREFIX):])
         if not os.path.lexists(real):
+            os.makedirs(os.path.dirname(real), 0o755, exist_ok=True)
             os.mknod(real, stat.S_IFCHR, os.makedev(0, 0))
+            ns = int(mtime * 1_000_000_000)
+            os.utime(real, ns=(ns, ns), follow_symlinks=False)
             made += 1
     for d in rules.opaques:
         os.setxattr(os.path.join(dest, d) if d else dest, OPAQUE_XATTR, b"y")
