@@ -205,7 +205,7 @@ async def rm_cmd(svc, refs: tuple[str, ...], wait_s: float) -> None:  # type: ig
         if rec is None:
             missing.append(ref)
             continue
-        await svc.remove(rec.id)
+        await svc.remove(rec.id, collect=False)
         click.echo(f"removed {rec.id} {' '.join(rec.repo_tags)}")
     try:
         res = await asyncio.wait_for(svc.gc(wait=True), wait_s)

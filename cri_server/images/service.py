@@ -219,15 +219,17 @@ class ImageService:
             await asyncio.to_thread(archive.write_archive, recs, self.content, path, fmt)
 
     # -- remove and garbage collection -----------------------------------------------------------------------
-    async def remove(self, ref_or_id: str) -> bool:
+    async def remove(self, ref_or_id: str, collect: bool = True) -> bool:
         """Remove the image `ref_or_id` names, with all its tags and digests; False if there was none.
-        Records vanish at once; disk space is freed by a garbage collection started here."""
+        Records vanish at once; disk space is freed by a garbage collection started here in the background
+        (unless `collect` is False: then by the next one)."""
         rec = self.get(ref_or_id)
         if rec is None:
             return False
         self.db.delete_image(rec.id)
         self._gc_pending = True
-        self._schedule_gc()
+        if collect:
+            self._schedule_gc()
         return True
 
     def _after_write(self) -> None:

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 REGISTRY_BIN = shutil.which("docker-registry") or "/usr/bin/docker-registry"
 SKOPEO = shutil.which("skopeo") or "/usr/bin/skopeo"
 USER, PASSWORD = "husk", "s3cret-pass"
+REFRESH_TOKEN = "husk-refresh-token"
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
@@ -76,6 +77,12 @@ class TokenServer:
         sig = self.key.sign(signing_input.encode(), padding.PKCS1v15(), hashes.SHA256())
         return signing_input + "." + _b64url(sig)
 
+    def issue(self, user: str | None, scopes: list[str]) -> str:
+        now = int(time.time())
+        return self.sign({"iss": self.issuer, "sub": user or "", "aud": self.service, "exp": now + 300,
+                          "nbf": now - 10, "iat": now, "jti": base64.b16encode(os.urandom(8)).decode(),
+                          "access": self.grant(user, scopes)})
+
     def grant(self, user: str | None, scopes: list[str]) -> list[dict[str, object]]:
         access = []
         for s in scopes:
@@ -124,11 +131,18 @@ class TokenServer:
                     user = u
                 scopes = [x for s in params.get("scope", []) for x in s.split(" ")]
                 server.requests.append({"user": user, "scopes": scopes, "service": params.get("service")})
-                now = int(time.time())
-                claims = {"iss": server.issuer, "sub": user or "", "aud": server.service, "exp": now + 300,
-                          "nbf": now - 10, "iat": now, "jti": base64.b16encode(os.urandom(8)).decode(),
-                          "access": server.grant(user, scopes)}
-                self._reply(200, {"token": server.sign(claims), "expires_in": 300})
+                self._reply(200, {"token": server.issue(user, scopes), "expires_in": 300})
+
+            def do_POST(self) -> None:  # noqa: N802 - OAuth2 refresh-token grant (CRI identity_token)
+                n = int(self.headers.get("Content-Length") or 0)
+                form = urllib.parse.parse_qs(self.rfile.read(n).decode())
+                if form.get("grant_type") != ["refresh_token"] or form.get("refresh_token") != [REFRESH_TOKEN]:
+                    server.requests.append({"refresh": True, "denied": True})
+                    self._reply(401, {"details": "bad refresh token"})
+                    return
+                scopes = [x for s in form.get("scope", []) for x in s.split(" ")]
+                server.requests.append({"user": USER, "scopes": scopes, "refresh": True})
+                self._reply(200, {"access_token": server.issue(USER, scopes), "expires_in": 300})
 
         self._httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.port = self._httpd.server_address[1]
@@ -232,6 +246,11 @@ class LocalRegistry:
 
     def url(self, path: str) -> str:
         return f"http://{self.addr}{path}"
+
+    def blob_file(self, digest: str) -> str:
+        """Where the registry's filesystem driver keeps a blob (to corrupt it in hostile tests)."""
+        algo, hexpart = digest.split(":", 1)
+        return os.path.join(self.storage, "docker", "registry", "v2", "blobs", algo, hexpart[:2], hexpart, "data")
 
 
 def write_hosts_toml(config_dir: str, registry_host: str, server: str, mirrors: list[str] | None = None) -> str:

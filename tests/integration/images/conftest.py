@@ -41,7 +41,8 @@ def test_images(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 def _start(tmp_path_factory: pytest.TempPathFactory, auth: str | None, layouts: dict[str, str],
            pushed: list[tuple[str, str]]) -> LocalRegistry:
-    reg = LocalRegistry(str(tmp_path_factory.mktemp(f"husk-img-reg-{auth or 'open'}")), auth)
+    reg = LocalRegistry(str(tmp_path_factory.mktemp(f"husk-img-reg-{auth or 'open'}")), auth,
+                        anonymous_pull=auth == "token")
     reg.start()
     try:
         for name, path in pushed:
