@@ -338,6 +338,8 @@ class RegistryClient:
                 continue
             return Resolved(ref, h, mf.Descriptor(media_type, digest, len(data)), data)
         tried = ", ".join(h.base_url for h in hosts)
+        if all(isinstance(e, NotFound) for e in errors):
+            raise NotFound(f"{what}: not found (tried {tried})")
         raise _worst(errors, NotFound(f"{what}: not found (tried {tried})"))
 
     def order_hosts(self, ref: Reference, first: RegistryHost) -> list[RegistryHost]:
