@@ -31,6 +31,7 @@ from .snapshots import Mount, Snapshotter, Usage, disk_usage, mount_all, unmount
 log = logging.getLogger(__name__)
 
 IMAGES_DIR = "images"
+GC_RETRY_S = 10.0
 _HEX_PREFIX = re.compile(r"(?:sha256:)?([0-9a-f]{1,64})")
 
 
@@ -73,8 +74,14 @@ class ImageService:
         self._by_name: dict[str, str] = {}
         self._gc_pending = False
         self._gc_task: asyncio.Task[gcmod.GCResult] | None = None
+        self._gc_retry: asyncio.TimerHandle | None = None
+        self._closed = False
 
     async def close(self) -> None:
+        self._closed = True
+        if self._gc_retry is not None:
+            self._gc_retry.cancel()
+            self._gc_retry = None
         if self._gc_task is not None:
             await asyncio.gather(self._gc_task, return_exceptions=True)
         if self._session is not None:
@@ -236,6 +243,11 @@ class ImageService:
         if self._gc_pending:
             self._schedule_gc()
 
+    def _retry_gc(self) -> None:
+        self._gc_retry = None
+        if self._gc_pending and not self._closed:
+            self._schedule_gc()
+
     def _schedule_gc(self) -> None:
         if self._gc_task is None or self._gc_task.done():
             self._gc_task = asyncio.ensure_future(self.gc())
@@ -248,7 +260,10 @@ class ImageService:
                 return await self._gc_locked()
         fd = try_lock_fd(self.gc_lock_path)
         if fd is None:
+            # A pull or import (perhaps in the CLI's process) holds the lock: try again after it, or soon.
             self._gc_pending = True
+            if self._gc_retry is None:
+                self._gc_retry = asyncio.get_running_loop().call_later(GC_RETRY_S, self._retry_gc)
             return gcmod.GCResult(skipped=True)
         try:
             return await self._gc_locked()
@@ -296,8 +311,11 @@ class ImageService:
             await unpack_layers(self.content, self.snapshots, row.layers, f"image {rec.id}")
             chain = list(rec.chain_ids)
             if self.snapshots.mode == "copy":
-                return await asyncio.to_thread(self.snapshots.prepare, key, rec.id, chain)
-            return self.snapshots.prepare(key, rec.id, chain)
+                mounts = await asyncio.to_thread(self.snapshots.prepare, key, rec.id, chain)
+            else:
+                mounts = self.snapshots.prepare(key, rec.id, chain)
+        self._after_write()
+        return mounts
 
     def mounts(self, key: str) -> list[Mount]:
         return self.snapshots.mounts(key)

@@ -159,7 +159,9 @@ class LocalRegistry:
     """docker-registry on 127.0.0.1. auth: None (open), 'htpasswd' or 'token'."""
 
     def __init__(self, workdir: str, auth: str | None = None, storage: str | None = None,
-                 anonymous_pull: bool = False) -> None:
+                 anonymous_pull: bool = False, tls: bool = False) -> None:
+        self.tls = tls
+        self.ca_path = os.path.join(workdir, "ca", "ca.crt")  # its own dir: skopeo's --dest-cert-dir
         self.workdir = workdir
         self.auth = auth
         self.storage = storage or os.path.join(workdir, "storage")
@@ -177,6 +179,9 @@ class LocalRegistry:
         lines = ["version: 0.1", "log:", "  level: warn", "  accesslog:", "    disabled: true", "storage:",
                  "  filesystem:", f"    rootdirectory: {self.storage}", "  delete:", "    enabled: true",
                  "http:", f"  addr: {self.addr}"]
+        if self.tls:
+            cert, key = self._make_tls()
+            lines += ["  tls:", f"    certificate: {cert}", f"    key: {key}"]
         if self.auth == "htpasswd":
             import bcrypt
             hp = os.path.join(self.workdir, "htpasswd")
@@ -195,6 +200,48 @@ class LocalRegistry:
             f.write("\n".join(lines) + "\n")
         return path
 
+    def _make_tls(self) -> tuple[str, str]:
+        """A test CA (written to ca_path) and a server certificate for 127.0.0.1 signed by it."""
+        import ipaddress
+
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import NameOID
+        now = datetime.datetime.now(datetime.timezone.utc)
+        ca_key = ec.generate_private_key(ec.SECP256R1())
+        ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "husk test CA")])
+        ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+              .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(days=1))
+              .not_valid_after(now + datetime.timedelta(days=30))
+              .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+              .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                           content_commitment=False, key_encipherment=False,
+                                           data_encipherment=False, key_agreement=False, encipher_only=False,
+                                           decipher_only=False), critical=True)
+              .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
+              .sign(ca_key, hashes.SHA256()))
+        key = ec.generate_private_key(ec.SECP256R1())
+        cert = (x509.CertificateBuilder()
+                .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]))
+                .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
+                .not_valid_before(now - datetime.timedelta(days=1)).not_valid_after(now + datetime.timedelta(days=30))
+                .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                               critical=False)
+                .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
+                               critical=False)
+                .sign(ca_key, hashes.SHA256()))
+        cert_path, key_path = os.path.join(self.workdir, "server.pem"), os.path.join(self.workdir, "server.key")
+        os.makedirs(os.path.dirname(self.ca_path), exist_ok=True)
+        with open(self.ca_path, "wb") as f:
+            f.write(ca.public_bytes(serialization.Encoding.PEM))
+        with open(cert_path, "wb") as f:
+            f.write(cert.public_bytes(serialization.Encoding.PEM))
+        with open(key_path, "wb") as f:
+            f.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                      serialization.NoEncryption()))
+        return cert_path, key_path
+
     def start(self, attempts: int = 5) -> None:
         os.makedirs(self.storage, exist_ok=True)
         for _ in range(attempts):
@@ -209,7 +256,14 @@ class LocalRegistry:
                 if self.proc.poll() is not None:
                     break  # port taken between free_port() and bind: try another
                 try:
-                    _NO_PROXY.open(f"http://{self.addr}/v2/", timeout=1).close()
+                    if self.tls:
+                        import ssl
+                        ctx = ssl.create_default_context(cafile=self.ca_path)
+                        urllib.request.build_opener(urllib.request.ProxyHandler({}),
+                                                    urllib.request.HTTPSHandler(context=ctx)).open(
+                            f"https://{self.addr}/v2/", timeout=1).close()
+                    else:
+                        _NO_PROXY.open(f"http://{self.addr}/v2/", timeout=1).close()
                     return
                 except urllib.error.HTTPError:
                     return  # 401 from an auth registry: it is up
@@ -235,7 +289,8 @@ class LocalRegistry:
 
     def push(self, layout: str, repo_tag: str, src_tag: str = "latest") -> None:
         """skopeo copy oci:<layout>:<src_tag> docker://<addr>/<repo_tag> (with credentials on auth registries)."""
-        cmd = [SKOPEO, "copy", "--quiet", "--dest-tls-verify=false", "--preserve-digests"]
+        cmd = [SKOPEO, "copy", "--quiet", "--preserve-digests"]
+        cmd += [f"--dest-cert-dir={os.path.dirname(self.ca_path)}"] if self.tls else ["--dest-tls-verify=false"]
         if self.auth:
             cmd += ["--dest-creds", f"{USER}:{PASSWORD}"]
         cmd += [f"oci:{layout}:{src_tag}", f"docker://{self.addr}/{repo_tag}"]
