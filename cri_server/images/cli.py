@@ -211,7 +211,7 @@ async def rm_cmd(svc, refs: tuple[str, ...], wait_s: float) -> None:  # type: ig
         res = await asyncio.wait_for(svc.gc(wait=True), wait_s)
         if res.blobs or res.layers:
             click.echo(f"freed {res.bytes_freed / 1e6:.1f} MB ({res.blobs} blobs, {res.layers} layers)")
-    except asyncio.TimeoutError:
+    except TimeoutError:
         click.echo("a pull or import is running; space is freed by the next garbage collection", err=True)
     if missing:
         raise click.ClickException(f"no such image: {', '.join(missing)}")

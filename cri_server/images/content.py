@@ -279,7 +279,7 @@ class ContentStore:
         return n
 
 
-def _rehash(h: "hashlib._Hash", path: str, n: int) -> tuple[str, int]:
+def _rehash(h: hashlib._Hash, path: str, n: int) -> tuple[str, int]:
     got = 0
     with open(path, "rb") as f:
         while got < n:

@@ -42,7 +42,7 @@ async def run_all(coros: list[Awaitable[Any]]) -> list[Any]:
     if not tasks:
         return []
     try:
-        done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        _done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
     except asyncio.CancelledError:
         for t in tasks:
             t.cancel()

@@ -13,14 +13,24 @@ import random
 import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+
 import aiohttp
 from yarl import URL
 
 from . import manifest as mf
 from .auth import AuthConfig, Challenge, Token, basic_header, parse_challenges, repository_scope, token_from_response
 from .content import ContentStore, ProgressFn
-from .errors import (ContentError, Denied, DigestMismatch, ImageError, InvalidManifest, NotFound, RegistryError,
-                     ShortRead, Unauthorized)
+from .errors import (
+    ContentError,
+    Denied,
+    DigestMismatch,
+    ImageError,
+    InvalidManifest,
+    NotFound,
+    RegistryError,
+    ShortRead,
+    Unauthorized,
+)
 from .hostsconfig import CAP_PULL, CAP_RESOLVE, RegistryHost, registry_hosts
 from .reference import Reference
 
@@ -197,7 +207,7 @@ class RegistryClient:
                     raise Denied(f"{what}: token server {realm_url.host} denied access to {scope}")
                 if resp.status != 200:
                     raise RegistryError(f"{what}: token server {realm_url.host} answered {resp.status}")
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+        except (TimeoutError, aiohttp.ClientError, OSError) as e:
             raise RegistryError(f"{what}: token server {realm_url.host}: {e or type(e).__name__}") from None
         try:
             obj = json.loads(body)
@@ -234,7 +244,7 @@ class RegistryClient:
                 resp = await self.session.request(method, cur, headers=hdrs, allow_redirects=False,
                                                   ssl=self._ssl_for(host) if same_origin else True,
                                                   timeout=self.timeout)
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+            except (TimeoutError, aiohttp.ClientError, OSError) as e:
                 if attempt < self.retries:
                     log.info("%s: %s %s: %s; retrying", what, method, cur, e or type(e).__name__)
                     await self._delay(attempt)
@@ -303,7 +313,7 @@ class RegistryClient:
                 data += chunk
                 if len(data) > mf.MAX_MANIFEST_BYTES:
                     raise InvalidManifest(what, f"larger than {mf.MAX_MANIFEST_BYTES} bytes")
-        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+        except (TimeoutError, aiohttp.ClientError) as e:
             raise RegistryError(f"{what}: {host.base_url}: {e or type(e).__name__}") from None
         finally:
             resp.release()
@@ -379,7 +389,7 @@ class RegistryClient:
                 data += chunk
                 if len(data) > desc.size:
                     raise ContentError(f"{what}: more data than the descriptor's {desc.size} bytes")
-        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+        except (TimeoutError, aiohttp.ClientError) as e:
             raise RegistryError(f"{what}: {host.base_url}: {e or type(e).__name__}") from None
         finally:
             resp.release()
@@ -394,7 +404,7 @@ class RegistryClient:
             try:
                 return await store.ingest(desc.digest, desc.size, self._blob_fetcher(ref, hosts, desc, what),
                                           what, progress)
-            except (ShortRead, aiohttp.ClientError, asyncio.TimeoutError, RegistryError) as e:
+            except (TimeoutError, ShortRead, aiohttp.ClientError, RegistryError) as e:
                 if attempt >= self.retries:
                     if isinstance(e, (ShortRead, RegistryError)):
                         raise

@@ -24,7 +24,7 @@ from .locks import alock, try_lock_fd
 from .metadata import MetadataDB
 from .pull import Progress, ProgressCallback, pull, unpack_layers
 from .records import ImageRecord, build_record
-from .reference import Reference, parse, validate_digest
+from .reference import Reference, parse
 from .registry import RegistryClient, new_session
 from .snapshots import Mount, Snapshotter, Usage, disk_usage, mount_all, unmount
 
@@ -355,4 +355,4 @@ def _same_image_ref(asked: str, tag: str) -> bool:
         return False
 
 
-__all__ = ["ImageService", "FsInfo", "Progress", "AuthConfig", "ImageRecord", "Mount", "Usage", "validate_digest"]
+__all__ = ["AuthConfig", "FsInfo", "ImageRecord", "ImageService", "Mount", "Progress", "Usage"]

@@ -182,8 +182,9 @@ class Snapshotter:
             if row is not None:
                 return row
             stale = self.db.layer(chain_id)
-            if stale is not None:  # a crash or an old failure left a reservation or a row without its dir
+            if stale is not None:  # a crash left a reservation, or the directory was lost: start over
                 shutil.rmtree(self.layer_dir(stale.id), ignore_errors=True)
+                self.db.delete_layer(stale.id)
             layer_id = self.db.begin_layer(chain_id, parent, diff_id)
             tmp = tempfile.mkdtemp(prefix=f"{layer_id}-", dir=self.tmp_dir)
             cancel = threading.Event()

@@ -236,8 +236,7 @@ def build(out: str, only: list[str] | None = None, big: bool = True, busybox: st
         json.dump(index, f, indent=1, sort_keys=True)
     os.replace(tmp, index_path)
     with open(os.path.join(out, "push-list.txt"), "w") as f:
-        for name in sorted(index):
-            f.write(" ".join([os.path.join(out, index[name]["layout"])] + index[name]["refs"]) + "\n")
+        f.writelines(" ".join([os.path.join(out, index[name]["layout"])] + index[name]["refs"]) + "\n" for name in sorted(index))
     return index
 
 

@@ -21,8 +21,19 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from .errors import InvalidLayer, UnsafeLayer
-from .tarscan import (BLK, CHR, DIR, FIFO, LNK, SYM, WHITEOUT_META_PREFIX, WHITEOUT_OPAQUE, WHITEOUT_PREFIX,
-                      LayerRules, TarScanner)
+from .tarscan import (
+    BLK,
+    CHR,
+    DIR,
+    FIFO,
+    LNK,
+    SYM,
+    WHITEOUT_META_PREFIX,
+    WHITEOUT_OPAQUE,
+    WHITEOUT_PREFIX,
+    LayerRules,
+    TarScanner,
+)
 
 log = logging.getLogger(__name__)
 

@@ -50,7 +50,7 @@ class TokenServer:
         self.service, self.issuer, self.anonymous_pull = service, issuer, anonymous_pull
         self.key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
         name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "husk test token signer")])
-        now = datetime.datetime.now(datetime.timezone.utc)
+        now = datetime.datetime.now(datetime.UTC)
         self.cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
                      .public_key(self.key.public_key()).serial_number(x509.random_serial_number())
                      .not_valid_before(now - datetime.timedelta(days=1))
@@ -117,7 +117,7 @@ class TokenServer:
                 self.end_headers()
                 self.wfile.write(body)
 
-            def do_GET(self) -> None:  # noqa: N802
+            def do_GET(self) -> None:
                 q = urllib.parse.urlparse(self.path)
                 params = urllib.parse.parse_qs(q.query)
                 user = None
@@ -133,7 +133,7 @@ class TokenServer:
                 server.requests.append({"user": user, "scopes": scopes, "service": params.get("service")})
                 self._reply(200, {"token": server.issue(user, scopes), "expires_in": 300})
 
-            def do_POST(self) -> None:  # noqa: N802 - OAuth2 refresh-token grant (CRI identity_token)
+            def do_POST(self) -> None:
                 n = int(self.headers.get("Content-Length") or 0)
                 form = urllib.parse.parse_qs(self.rfile.read(n).decode())
                 if form.get("grant_type") != ["refresh_token"] or form.get("refresh_token") != [REFRESH_TOKEN]:
@@ -208,7 +208,7 @@ class LocalRegistry:
         from cryptography.hazmat.primitives import hashes, serialization
         from cryptography.hazmat.primitives.asymmetric import ec
         from cryptography.x509.oid import NameOID
-        now = datetime.datetime.now(datetime.timezone.utc)
+        now = datetime.datetime.now(datetime.UTC)
         ca_key = ec.generate_private_key(ec.SECP256R1())
         ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "husk test CA")])
         ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())

@@ -10,10 +10,10 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
 
-from cri_server.images import testimages  # noqa: E402
-from tests.support.netguard import NetGuard  # noqa: E402
-from tests.support.imagetest import certs_for  # noqa: E402
-from tests.support.registry import LocalRegistry  # noqa: E402
+from cri_server.images import testimages
+from tests.support.imagetest import certs_for
+from tests.support.netguard import NetGuard
+from tests.support.registry import LocalRegistry
 
 # What the tests push, as (image name in the catalog, registry path).
 PUSHED = [("busybox", "library/busybox:latest"), ("busybox", "e2e-test-images/busybox:1.29-2"),
@@ -77,5 +77,5 @@ def token_registry(tmp_path_factory: pytest.TempPathFactory, test_images: dict[s
 
 
 @pytest.fixture
-def certs_dir(tmp_path: "os.PathLike[str]", registry: LocalRegistry) -> str:
+def certs_dir(tmp_path: os.PathLike[str], registry: LocalRegistry) -> str:
     return certs_for(str(tmp_path), registry)

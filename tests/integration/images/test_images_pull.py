@@ -14,9 +14,15 @@ import pytest
 from cri_server.images import manifest as mf
 from cri_server.images.auth import AuthConfig
 from cri_server.images.builder import ImageSpec, Layer, LayerCache, write_index_image
-from cri_server.images.errors import (ContentError, DigestMismatch, NotFound, PlatformNotFound, RegistryError,
-                                      ShortRead,
-                                      Unauthorized)
+from cri_server.images.errors import (
+    ContentError,
+    DigestMismatch,
+    NotFound,
+    PlatformNotFound,
+    RegistryError,
+    ShortRead,
+    Unauthorized,
+)
 from cri_server.images.service import ImageService
 from tests.support.imagetest import certs_for, run
 from tests.support.netguard import ExternalLookup

@@ -3,6 +3,7 @@ from the same OCI layout; writes land in the container's own layer; usage and re
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 
 import pytest
@@ -152,3 +153,25 @@ def test_long_layer_chains_mount(tmp_path, mounts):
     mounts.append(str(target))
     assert sorted(os.listdir(target)) == sorted(f"f{i}" for i in range(40))
     unmount(str(target))
+
+
+def test_lost_layer_directory_is_unpacked_again(tmp_path, certs_dir, mounts):
+    async def main():
+        svc = ImageService(str(tmp_path / "root"), certs_dir)
+        try:
+            rec = await svc.pull("busybox")
+            (row,) = svc.db.layers()
+            shutil.rmtree(svc.snapshots.layer_dir(row.id))
+            await svc.prepare_rootfs(rec.id, "k")
+            (row2,) = svc.db.layers()
+            assert row2.id != row.id and row2.state == "ready"
+            t = tmp_path / "t"
+            t.mkdir()
+            svc.mount("k", str(t))
+            mounts.append(str(t))
+            assert (t / "bin" / "busybox").exists()
+            unmount(str(t))
+            await svc.remove_snapshot("k")
+        finally:
+            await svc.close()
+    run(main())

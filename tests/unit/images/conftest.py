@@ -8,7 +8,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
 
-from tests.support.netguard import NetGuard  # noqa: E402
+from tests.support.netguard import NetGuard
 
 
 @pytest.fixture(autouse=True)

@@ -8,8 +8,7 @@ import pytest
 
 from cri_server.images.auth import AuthConfig, parse_challenges, token_from_response
 from cri_server.images.errors import ConfigError, Unauthorized
-from cri_server.images.hostsconfig import parse_hosts_toml, registry_hosts
-from cri_server.images.hostsconfig import RegistryHost
+from cri_server.images.hostsconfig import RegistryHost, parse_hosts_toml, registry_hosts
 from cri_server.images.registry import auth_applies
 
 
