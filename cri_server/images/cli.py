@@ -152,6 +152,18 @@ async def import_cmd(svc, path: str, names: tuple[str, ...], base_name: str | No
         click.echo(f"{r.id} {' '.join(r.repo_tags) or '<untagged>'}")
 
 
+@images.command("build-pause")
+@click.argument("ref", default="registry.k8s.io/pause:3.9")
+@click.option("--catatonit", default="/usr/bin/catatonit", show_default=True, type=click.Path(),
+              help="The static init to use as /pause.")
+@common_options
+@_run
+async def build_pause_cmd(svc, ref: str, catatonit: str) -> None:  # type: ignore[no-untyped-def]
+    """Build the sandbox (pause) image locally from catatonit and store it as REF, pinned (air-gapped nodes)."""
+    rec = await svc.build_pause_image(ref, catatonit)
+    click.echo(f"{rec.id} {' '.join(rec.repo_tags)}")
+
+
 @images.command("export")
 @click.argument("refs", nargs=-1, required=True)
 @click.option("-o", "--output", required=True, type=click.Path(), help="Archive (or directory) to write.")

@@ -211,6 +211,27 @@ class ImageService:
         self._after_write()
         return [self.resolve(i) for i in out_ids]
 
+    async def build_pause_image(self, ref: str, catatonit: str = "/usr/bin/catatonit",
+                                pin: bool = True) -> ImageRecord:
+        """Build the sandbox image locally (a static catatonit as /pause, `/pause -P`, user 65535) and import
+        it as `ref`, pinned: for nodes that cannot reach a registry."""
+        import shutil
+        import tempfile
+
+        from . import builder
+        if not os.path.isfile(catatonit):
+            raise ImageError(f"cannot build the pause image: {catatonit} does not exist (install catatonit)")
+        tmp_root = os.path.join(self.root, "tmp")
+        os.makedirs(tmp_root, exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix="pause-", dir=tmp_root)
+        try:
+            built = await asyncio.to_thread(builder.write_image, tmp, builder.pause_image(catatonit),
+                                            builder.LayerCache())
+            (rec,) = await self.import_archive(built.layout, names=[ref])
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return self.set_pinned(rec.id, True) if pin else rec
+
     async def export(self, refs: list[str], path: str, fmt: str = "oci") -> None:
         """Write images to `path`: an OCI layout tar (`oci`), an OCI layout directory (`oci-dir`) or a
         docker-archive tar (`docker`)."""

@@ -134,3 +134,21 @@ def test_bad_archives(tmp_path, test_images):
             await svc.close()
     run(main())
     assert not os.path.exists(tmp_path / "escape")
+
+
+def test_build_pause_image_locally(tmp_path, test_images):
+    async def main():
+        svc = _svc(tmp_path)
+        try:
+            rec = await svc.build_pause_image("registry.k8s.io/pause:3.9-local")
+            assert rec.pinned and rec.repo_tags == ("registry.k8s.io/pause:3.9-local",)
+            assert rec.entrypoint == ("/pause", "-P") and rec.uid == 65535
+            # the same image the test-image builder makes (reproducible digests)
+            with open(os.path.join(test_images["pause"], "index.json")) as f:
+                assert json.load(f)["manifests"][0]["digest"] == rec.manifest_digest
+            with pytest.raises(ImageError, match="does not exist"):
+                await svc.build_pause_image("x/pause:1", "/nonexistent/catatonit")
+            assert os.listdir(os.path.join(svc.root, "tmp")) == []
+        finally:
+            await svc.close()
+    run(main())
