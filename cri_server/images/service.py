@@ -330,11 +330,7 @@ class ImageService:
         assert row is not None
         async with alock(self.gc_lock_path, shared=True):
             await unpack_layers(self.content, self.snapshots, row.layers, f"image {rec.id}")
-            chain = list(rec.chain_ids)
-            if self.snapshots.mode == "copy":
-                mounts = await asyncio.to_thread(self.snapshots.prepare, key, rec.id, chain)
-            else:
-                mounts = self.snapshots.prepare(key, rec.id, chain)
+            mounts = await self.snapshots.prepare(key, rec.id, list(rec.chain_ids))
         self._after_write()
         return mounts
 
@@ -352,7 +348,7 @@ class ImageService:
     async def remove_snapshot(self, key: str) -> bool:
         """Delete the writable snapshot `key` (unmounted first by the caller); idempotent."""
         try:
-            return await asyncio.to_thread(self.snapshots.remove, key)
+            return await self.snapshots.remove(key)
         except OSError as e:
             raise SnapshotError(f"remove snapshot {key!r}: {e}") from None
 

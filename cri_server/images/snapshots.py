@@ -222,13 +222,6 @@ class Snapshotter:
         result = apply(blob_path, compression, dest, what, cancel)
         return result, disk_usage(dest)
 
-    def remove_layer(self, row: LayerRow) -> None:
-        """Delete a layer's directory and row (GC, under the exclusive GC lock)."""
-        d = self.layer_dir(row.id)
-        if os.path.exists(d):
-            shutil.rmtree(d)
-        self.db.delete_layer(row.id)
-
     # -- active (writable) snapshots -------------------------------------------------------------------------
     def active_path(self, row: ActiveRow) -> str:
         return os.path.join(self.active_dir, str(row.id))
@@ -242,11 +235,9 @@ class Snapshotter:
             raise SnapshotNotFound(key)
         return row
 
-    def prepare(self, key: str, image_id: str, chain: list[str]) -> list[Mount]:
+    async def prepare(self, key: str, image_id: str, chain: list[str]) -> list[Mount]:
         """Create the writable snapshot `key` over the layers of `chain` (bottom first); return its mounts.
-
-        The layers must be ready. Blocking (copy mode copies the whole tree): call it from a thread.
-        """
+        The layers must be ready. Database work stays on the caller's thread; copying runs in a worker."""
         if not key:
             raise SnapshotError("snapshot key must not be empty")
         rows = []
@@ -261,19 +252,26 @@ class Snapshotter:
             raise SnapshotExists(key)
         base = os.path.join(self.active_dir, str(sid))
         try:
-            if os.path.exists(base):  # left by a crash between mkdir and insert of an older run
+            await asyncio.to_thread(self._populate, base, [self.layer_dir(r.id) for r in rows], mode)
+        except BaseException:
+            self.db.delete_active(key)
+            raise
+        return self.mounts(key)
+
+    @staticmethod
+    def _populate(base: str, layer_dirs: list[str], mode: str) -> None:
+        try:
+            if os.path.exists(base):  # left by a crash between insert and cleanup of an older run
                 shutil.rmtree(base)
             os.mkdir(base, 0o711)
             os.mkdir(os.path.join(base, "fs"), 0o755)
             os.mkdir(os.path.join(base, "work"), 0o700)
             if mode == MODE_COPY:
-                for r in rows:
-                    _copy_layer(self.layer_dir(r.id), os.path.join(base, "fs"))
+                for d in layer_dirs:
+                    _copy_layer(d, os.path.join(base, "fs"))
         except BaseException:
             shutil.rmtree(base, ignore_errors=True)
-            self.db.delete_active(key)
             raise
-        return self.mounts(key)
 
     def mounts(self, key: str) -> list[Mount]:
         row = self._active(key)
@@ -291,7 +289,7 @@ class Snapshotter:
         opts = _index_option() + [f"lowerdir={':'.join(lowers)}", f"upperdir={base}/fs", f"workdir={base}/work"]
         return [Mount("overlay", "overlay", tuple(opts))]
 
-    def remove(self, key: str) -> bool:
+    async def remove(self, key: str) -> bool:
         """Delete the writable snapshot `key` (must be unmounted); False if it did not exist."""
         row = self.db.active(key)
         if row is None:
@@ -300,7 +298,7 @@ class Snapshotter:
         if os.path.ismount(os.path.join(base, "fs")):
             raise SnapshotError(f"snapshot {key!r} is still mounted at {base}/fs")
         if os.path.exists(base):
-            shutil.rmtree(base)
+            await asyncio.to_thread(shutil.rmtree, base)
         self.db.delete_active(key)
         return True
 
