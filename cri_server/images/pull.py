@@ -8,15 +8,17 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import manifest as mf
 from .content import ContentStore
 from .errors import InvalidManifest, NotFound
 from .metadata import ImageRow
 from .reference import Reference
-from .registry import RegistryClient
 from .snapshots import Snapshotter
+
+if TYPE_CHECKING:  # the registry client imports aiohttp (~0.5 s): only pulls need it
+    from .registry import RegistryClient
 
 log = logging.getLogger(__name__)
 

@@ -12,8 +12,7 @@ import os
 import re
 import time
 from dataclasses import dataclass
-
-import aiohttp
+from typing import TYPE_CHECKING
 
 from . import gc as gcmod
 from . import manifest as mf
@@ -25,8 +24,12 @@ from .metadata import MetadataDB
 from .pull import Progress, ProgressCallback, pull, unpack_layers
 from .records import ImageRecord, build_record
 from .reference import Reference, parse
-from .registry import RegistryClient, new_session
 from .snapshots import Mount, Snapshotter, Usage, disk_usage, mount_all, unmount
+
+if TYPE_CHECKING:
+    import aiohttp
+
+    from .registry import RegistryClient
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +93,7 @@ class ImageService:
         self.db.close()
 
     def _client(self, auth: AuthConfig | None, plain_http: bool | None = None) -> RegistryClient:
+        from .registry import RegistryClient, new_session  # aiohttp: imported by the first pull only
         if self._session is None or self._session.closed:
             self._session = new_session()
         return RegistryClient(self._session, self.registry_config_dir, auth,
