@@ -38,6 +38,12 @@ GC_RETRY_S = 10.0
 _HEX_PREFIX = re.compile(r"(?:sha256:)?([0-9a-f]{1,64})")
 
 
+@dataclass
+class _SharedPull:
+    task: asyncio.Future[ImageRecord]
+    waiters: int = 0
+
+
 @dataclass(frozen=True)
 class FsInfo:
     """Usage of the filesystem holding images (ImageFsInfo)."""
@@ -71,7 +77,7 @@ class ImageService:
         self.retry_backoff = retry_backoff
         self.gc_lock_path = os.path.join(self.root, "gc.lock")
         self._session: aiohttp.ClientSession | None = None
-        self._pulls: dict[tuple[str, str, AuthConfig | None], asyncio.Future[ImageRecord]] = {}
+        self._pulls: dict[tuple[str, str, AuthConfig | None, bool | None], _SharedPull] = {}
         self._cache_version: tuple[int, int] | None = None
         self._by_id: dict[str, ImageRecord] = {}
         self._by_name: dict[str, str] = {}
@@ -165,21 +171,23 @@ class ImageService:
         r = parse(ref)
         plat = self.platform if platform is None else (
             mf.parse_platform(platform) if isinstance(platform, str) else platform)
-        key = (str(r), str(plat), auth)
-        fut = self._pulls.get(key)
-        if fut is not None and progress is None:
-            return await asyncio.shield(fut)
-        task = asyncio.ensure_future(self._pull(r, auth, plat, progress, plain_http))
-        if progress is None:
-            self._pulls[key] = task
-            task.add_done_callback(lambda _t: self._pulls.pop(key, None))
+        key = (str(r), str(plat), auth, plain_http)
+        entry = self._pulls.get(key) if progress is None else None
+        if entry is None:
+            entry = _SharedPull(asyncio.ensure_future(self._pull(r, auth, plat, progress, plain_http)))
+            if progress is None:
+                self._pulls[key] = entry
+                entry.task.add_done_callback(lambda _t: self._pulls.pop(key, None))
+        entry.waiters += 1
         try:
-            return await asyncio.shield(task)
-        except asyncio.CancelledError:
-            # The caller gave up (a deadline): stop the work unless someone else is waiting for the same pull.
-            if self._pulls.get(key) is not task or progress is not None:
-                task.cancel()
-            raise
+            return await asyncio.shield(entry.task)
+        finally:
+            entry.waiters -= 1
+            # A caller that gives up (kubelet's deadline) stops the work, unless another still waits for it.
+            if entry.waiters == 0 and not entry.task.done():
+                entry.task.cancel()
+                if self._pulls.get(key) is entry:
+                    del self._pulls[key]
 
     async def _pull(self, ref: Reference, auth: AuthConfig | None, plat: mf.Platform,
                     progress: ProgressCallback | None, plain_http: bool | None) -> ImageRecord:

@@ -433,3 +433,25 @@ def test_https_registry_with_hosts_toml_ca(tmp_path, test_images):
         run(main())
     finally:
         reg.stop()
+
+
+def test_shared_pull_survives_one_caller_giving_up(tmp_path, certs_dir, registry):
+    async def main():
+        svc = _svc(tmp_path, certs_dir)
+        try:
+            patient = asyncio.ensure_future(svc.pull("docker.io/husk-test/layered:v1"))
+            await asyncio.sleep(0)
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(svc.pull("docker.io/husk-test/layered:v1"), 0.001)
+            rec = await patient  # the other caller's pull was not cancelled with it
+            assert svc.get(rec.id) is not None
+            # alone, a caller that gives up cancels the work: nothing gets recorded later
+            await svc.remove(rec.id)
+            await svc.gc(wait=True)
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(svc.pull("busybox"), 0.001)
+            await asyncio.sleep(0.5)
+            assert svc.list() == [] and not svc._pulls
+        finally:
+            await svc.close()
+    run(main())
