@@ -267,9 +267,11 @@ class RegistryClient:
                 body = await resp.read()
                 resp.release()
                 code, msg = _error_detail(body)
-                if sent_auth is not None:
-                    if code == "DENIED":
-                        raise Denied(f"{what}: {host.host}: access denied: {msg}")
+                if code == "DENIED" and sent_auth is not None:
+                    raise Denied(f"{what}: {host.host}: access denied: {msg}")
+                # A token cached from an earlier request of this pull may have expired or lost its grant: get a
+                # fresh one once. Credentials refused right after a fresh authorization are final.
+                if sent_auth is not None and (auth_rounds > 0 or not sent_auth.startswith("Bearer ")):
                     creds = self.auth if auth_applies(self.auth, self._registry, host) else None
                     reason = "credentials were refused" if creds else "authentication required"
                     raise Unauthorized(f"{what}: {host.host}: {reason}" + (f" ({msg})" if msg else ""))
