@@ -14,6 +14,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from .errors import ContentError, DigestMismatch, NotFound, ShortRead, SizeMismatch
 from .locks import alock
@@ -26,6 +27,10 @@ CHUNK = 1 << 20
 # fetch(offset) -> (offset the data actually starts at, async iterator of chunks)
 Fetcher = Callable[[int], Awaitable[tuple[int, AsyncIterator[bytes]]]]
 ProgressFn = Callable[[int], None]  # called with the bytes of the blob present so far
+
+
+class Sink(Protocol):
+    async def feed(self, offset: int, chunk: bytes) -> None: ...
 
 
 def _split(digest: str) -> tuple[str, str]:
@@ -182,8 +187,9 @@ class ContentStore:
         return BlobInfo(digest, n)
 
     async def ingest(self, digest: str, size: int, fetch: Fetcher, what: str = "",
-                     progress: ProgressFn | None = None) -> str:
-        """Make `digest` present, downloading it with `fetch` unless it is there or being fetched already."""
+                     progress: ProgressFn | None = None, sink: Sink | None = None) -> str:
+        """Make `digest` present, downloading it with `fetch` unless it is there or being fetched already.
+        `sink.feed(offset, chunk)` sees every chunk this call writes (not chunks another caller writes)."""
         _split(digest)
         if self.exists(digest):
             return self.path(digest)
@@ -195,7 +201,7 @@ class ContentStore:
         fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # consumed: no "never retrieved" noise
         self._inflight[digest] = fut
         try:
-            await self._ingest_locked(digest, size, fetch, what or digest, progress)
+            await self._ingest_locked(digest, size, fetch, what or digest, progress, sink)
             fut.set_result(self.path(digest))
         except BaseException as e:
             if isinstance(e, asyncio.CancelledError):
@@ -208,7 +214,7 @@ class ContentStore:
         return self.path(digest)
 
     async def _ingest_locked(self, digest: str, size: int, fetch: Fetcher, what: str,
-                             progress: ProgressFn | None) -> None:
+                             progress: ProgressFn | None, sink: Sink | None = None) -> None:
         algo, hexpart = _split(digest)
         lockp = os.path.join(self.ingest_dir, f"{hexpart}.lock")
         partial = os.path.join(self.ingest_dir, f"{hexpart}.partial")
@@ -246,6 +252,8 @@ class ContentStore:
                     _write_all(fd, chunk)
                     if progress:
                         progress(written)
+                    if sink is not None:
+                        await sink.feed(written - len(chunk), chunk)
                 await asyncio.to_thread(os.fsync, fd)
             finally:
                 os.close(fd)

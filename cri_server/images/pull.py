@@ -16,6 +16,7 @@ from .errors import InvalidManifest, NotFound
 from .metadata import ImageRow
 from .reference import Reference
 from .snapshots import Snapshotter
+from .stream import LayerPipe
 
 if TYPE_CHECKING:  # the registry client imports aiohttp (~0.5 s): only pulls need it
     from .registry import RegistryClient
@@ -86,7 +87,8 @@ async def unpack_layers(content: ContentStore, snapshots: Snapshotter, layers: l
 
 async def pull(client: RegistryClient, content: ContentStore, snapshots: Snapshotter, ref: Reference,
                platform: mf.Platform, progress: ProgressCallback | None = None,
-               max_concurrent_downloads: int = 3) -> tuple[ImageRow, list[tuple[str, str]]]:
+               max_concurrent_downloads: int = 3, stream: bool = True) -> tuple[ImageRow, list[tuple[str, str]]]:
+    """Pull `ref`. With `stream`, each layer is unpacked while it downloads (else after)."""
     what = str(ref)
     resolved = await client.resolve(ref)
     top = resolved.descriptor
@@ -138,11 +140,18 @@ async def pull(client: RegistryClient, content: ContentStore, snapshots: Snapsho
         def on_bytes(n: int) -> None:
             if progress:
                 progress(Progress(what, "bytes", desc.digest, n, desc.size))
-        async with sem:  # downloads are limited; unpacking runs outside so the next download starts
-            path = await client.fetch_blob(content, ref, hosts, desc, lwhat, on_bytes)
-        on_bytes(desc.size)
-        await snapshots.ensure_layer(chain, str(layers[i - 1]["chainID"]) if i else "", str(layers[i]["diffID"]),
-                                     path, "auto", lwhat)
+
+        async def download(sink: LayerPipe | None) -> str:
+            async with sem:  # at most N downloads (each with the unpacking it feeds) at a time
+                path = await client.fetch_blob(content, ref, hosts, desc, lwhat, on_bytes, sink)
+            on_bytes(desc.size)
+            return path
+        parent = str(layers[i - 1]["chainID"]) if i else ""
+        if stream:
+            await snapshots.ensure_layer_streaming(chain, parent, str(layers[i]["diffID"]), lwhat, download)
+        else:
+            path = await download(None)
+            await snapshots.ensure_layer(chain, parent, str(layers[i]["diffID"]), path, "auto", lwhat)
         if progress:
             progress(Progress(what, "unpacked", desc.digest, desc.size, desc.size))
 

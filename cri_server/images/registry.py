@@ -19,7 +19,7 @@ from yarl import URL
 
 from . import manifest as mf
 from .auth import AuthConfig, Challenge, Token, basic_header, parse_challenges, repository_scope, token_from_response
-from .content import ContentStore, ProgressFn
+from .content import ContentStore, ProgressFn, Sink
 from .errors import (
     ContentError,
     Denied,
@@ -399,13 +399,15 @@ class RegistryClient:
 
     # -- blobs -----------------------------------------------------------------------------------------------
     async def fetch_blob(self, store: ContentStore, ref: Reference, hosts: list[RegistryHost],
-                         desc: mf.Descriptor, what: str, progress: ProgressFn | None = None) -> str:
-        """Put the blob `desc` into `store` (no-op if present); resumes after transient failures."""
+                         desc: mf.Descriptor, what: str, progress: ProgressFn | None = None,
+                         sink: Sink | None = None) -> str:
+        """Put the blob `desc` into `store` (no-op if present); resumes after transient failures. `sink` sees
+        the downloaded chunks (see ContentStore.ingest)."""
         attempt = 0
         while True:
             try:
                 return await store.ingest(desc.digest, desc.size, self._blob_fetcher(ref, hosts, desc, what),
-                                          what, progress)
+                                          what, progress, sink)
             except (TimeoutError, ShortRead, aiohttp.ClientError, RegistryError) as e:
                 if attempt >= self.retries:
                     if isinstance(e, (ShortRead, RegistryError)):

@@ -58,7 +58,7 @@ class ImageService:
     def __init__(self, root: str, registry_config_dir: str | None = None, *, snapshot_mode: str = "auto",
                  applier: str = "gnutar", platform: str | mf.Platform | None = None,
                  max_concurrent_downloads: int = 3, plain_http: bool = False, retries: int = 3,
-                 retry_backoff: float = 0.25) -> None:
+                 retry_backoff: float = 0.25, stream_unpack: bool = True) -> None:
         self.root = os.path.join(os.path.abspath(root), IMAGES_DIR)
         os.makedirs(self.root, mode=0o711, exist_ok=True)
         self.registry_config_dir = registry_config_dir
@@ -72,6 +72,7 @@ class ImageService:
         else:
             self.platform = platform
         self.max_concurrent_downloads = max_concurrent_downloads
+        self.stream_unpack = stream_unpack
         self.plain_http = plain_http
         self.retries = retries
         self.retry_backoff = retry_backoff
@@ -195,7 +196,7 @@ class ImageService:
         async with alock(self.gc_lock_path, shared=True):
             client = self._client(auth, plain_http)
             row, names = await pull(client, self.content, self.snapshots, ref, plat, progress,
-                                    self.max_concurrent_downloads)
+                                    self.max_concurrent_downloads, self.stream_unpack)
             self.db.put_image(row, names)
         log.info("pulled %s as %s in %.2fs", ref, row.id, time.monotonic() - t0)
         self._after_write()

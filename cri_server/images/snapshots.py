@@ -13,12 +13,17 @@ import stat
 import subprocess
 import tempfile
 import threading
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from . import unpack
 from .errors import DigestMismatch, SnapshotError, SnapshotExists, SnapshotNotFound
 from .locks import alock
 from .metadata import ActiveRow, LayerRow, MetadataDB
+from .stream import LayerPipe
+
+# download(sink) fetches a blob into the content store, feeding `sink` if given, and returns its path.
+Download = Callable[[LayerPipe | None], Awaitable[str]]
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +157,19 @@ class Snapshotter:
     async def ensure_layer(self, chain_id: str, parent: str, diff_id: str, blob_path: str, compression: str,
                            what: str) -> LayerRow:
         """Unpack a layer blob once for `chain_id` (shared by concurrent callers and processes)."""
+        return await self._ensure(chain_id, parent, diff_id, what, blob_path=blob_path, compression=compression)
+
+    async def ensure_layer_streaming(self, chain_id: str, parent: str, diff_id: str, what: str,
+                                     download: Download) -> LayerRow:
+        """Download a layer blob with `download(sink)` and unpack it at the same time (once for `chain_id`).
+        The blob is verified by the download, the unpacked stream by its diff_id, before either is kept."""
+        if self.ready_layer(chain_id) is not None or chain_id in self._inflight:
+            path = await download(None)
+            return await self.ensure_layer(chain_id, parent, diff_id, path, "auto", what)
+        return await self._ensure(chain_id, parent, diff_id, what, download=download)
+
+    async def _ensure(self, chain_id: str, parent: str, diff_id: str, what: str, blob_path: str | None = None,
+                      compression: str = "auto", download: Download | None = None) -> LayerRow:
         row = self.ready_layer(chain_id)
         if row is not None:
             return row
@@ -162,7 +180,7 @@ class Snapshotter:
         fut.add_done_callback(lambda f: f.cancelled() or f.exception())
         self._inflight[chain_id] = fut
         try:
-            row = await self._unpack_locked(chain_id, parent, diff_id, blob_path, compression, what)
+            row = await self._unpack_locked(chain_id, parent, diff_id, what, blob_path, compression, download)
             fut.set_result(row)
             return row
         except BaseException as e:
@@ -174,12 +192,14 @@ class Snapshotter:
         finally:
             del self._inflight[chain_id]
 
-    async def _unpack_locked(self, chain_id: str, parent: str, diff_id: str, blob_path: str, compression: str,
-                             what: str) -> LayerRow:
+    async def _unpack_locked(self, chain_id: str, parent: str, diff_id: str, what: str, blob_path: str | None,
+                             compression: str, download: Download | None) -> LayerRow:
         hexpart = chain_id.split(":", 1)[1]
         async with alock(os.path.join(self.locks_dir, hexpart + ".lock")):
             row = self.ready_layer(chain_id)
-            if row is not None:
+            if row is not None:  # another process unpacked it while we waited
+                if download is not None:
+                    await download(None)
                 return row
             stale = self.db.layer(chain_id)
             if stale is not None:  # a crash left a reservation, or the directory was lost: start over
@@ -187,39 +207,44 @@ class Snapshotter:
                 self.db.delete_layer(stale.id)
             layer_id = self.db.begin_layer(chain_id, parent, diff_id)
             tmp = tempfile.mkdtemp(prefix=f"{layer_id}-", dir=self.tmp_dir)
+            os.chmod(tmp, 0o755)
             cancel = threading.Event()
+            pipe = LayerPipe() if download is not None else None
+            apply = unpack.APPLIERS[self.applier]
+            task = asyncio.ensure_future(asyncio.to_thread(self._apply, apply, pipe or blob_path, compression, tmp,
+                                                           what, cancel))
             try:
-                os.chmod(tmp, 0o755)
-                apply = unpack.APPLIERS[self.applier]
-                task = asyncio.ensure_future(asyncio.to_thread(self._apply, apply, blob_path, compression, tmp,
-                                                               what, cancel))
-                try:
-                    result, usage = await asyncio.shield(task)
-                except asyncio.CancelledError:
-                    cancel.set()  # the worker stops at its next chunk; wait so we can delete its directory
-                    try:
-                        await task
-                    except BaseException:  # noqa: BLE001 - we are cancelling; its own error is moot
-                        pass
-                    raise
+                if download is not None and pipe is not None:
+                    path = await download(pipe)
+                    await pipe.finish(path)
+                result, usage = await asyncio.shield(task)
                 if result.diff_id != diff_id:
                     raise DigestMismatch(f"{what} (uncompressed)", diff_id, result.diff_id)
-                dst = self.layer_dir(layer_id)
-                os.rename(tmp, dst)
+                os.rename(tmp, self.layer_dir(layer_id))
             except BaseException:
+                # Stop the worker (it checks between chunks) and wait for it before deleting its directory.
+                cancel.set()
+                if pipe is not None:
+                    pipe.abort()
+                if not task.done():
+                    try:
+                        await task
+                    except BaseException:  # noqa: BLE001 - the first error is the one to report
+                        pass
                 shutil.rmtree(tmp, ignore_errors=True)
                 self.db.delete_layer(layer_id)
                 raise
             self.db.finish_layer(layer_id, usage.bytes, usage.inodes)
-            log.info("unpacked %s as layer %d (%s, %d members)", what, layer_id, chain_id, result.members)
+            log.info("unpacked %s as layer %d (%s, %d members%s)", what, layer_id, chain_id, result.members,
+                     ", streamed" if pipe is not None else "")
             row = self.db.layer(chain_id)
             assert row is not None
             return row
 
     @staticmethod
-    def _apply(apply, blob_path: str, compression: str, dest: str, what: str,  # type: ignore[no-untyped-def]
+    def _apply(apply, source: str | LayerPipe, compression: str, dest: str, what: str,  # type: ignore[no-untyped-def]
                cancel: threading.Event) -> tuple[unpack.ApplyResult, Usage]:
-        result = apply(blob_path, compression, dest, what, cancel)
+        result = apply(source, compression, dest, what, cancel)
         return result, disk_usage(dest)
 
     # -- active (writable) snapshots -------------------------------------------------------------------------

@@ -66,24 +66,85 @@ def _zstd_module():
     return zstd
 
 
-def open_decompressed(path: str, compression: str) -> BinaryIO:
-    """A file object over the uncompressed layer; `compression` is 'gzip', 'zstd', 'none' or 'auto'."""
-    if compression == "auto":
-        with open(path, "rb") as f:
-            magic = f.read(4)
-        if magic[:2] == b"\x1f\x8b":
-            compression = "gzip"
-        elif magic == b"\x28\xb5\x2f\xfd":
-            compression = "zstd"
-        else:
-            compression = "none"
-    if compression == "gzip":
-        return gzip.open(path, "rb")  # type: ignore[return-value]
-    if compression == "zstd":
-        return _zstd_module().open(path, "rb")  # type: ignore[no-any-return]
-    if compression == "none":
-        return open(path, "rb")
-    raise InvalidLayer(path, f"unknown compression {compression!r}")
+class _Peeked:
+    """A read-only stream with its first bytes already read (to sniff the compression of a pipe)."""
+
+    def __init__(self, f: BinaryIO, head: bytes) -> None:
+        self.f = f
+        self.head = head
+
+    def read(self, n: int = -1) -> bytes:
+        if self.head:
+            if n < 0 or n >= len(self.head):
+                b, self.head = self.head, b""
+                return b + (self.f.read(n - len(b)) if n > len(b) else self.f.read() if n < 0 else b"")
+            b, self.head = self.head[:n], self.head[n:]
+            return b
+        return self.f.read(n)
+
+    def readable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self.f.close()
+
+
+class _Stack:
+    """A decompressing reader that also closes the stream under it (GzipFile and ZstdFile given a file object
+    leave it open)."""
+
+    def __init__(self, top: BinaryIO, bottom: BinaryIO) -> None:
+        self.top = top
+        self.bottom = bottom
+
+    def read(self, n: int = -1) -> bytes:
+        return self.top.read(n)
+
+    def readable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        try:
+            self.top.close()
+        finally:
+            if self.bottom is not self.top:
+                self.bottom.close()
+
+    def __enter__(self) -> _Stack:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def sniff_compression(head: bytes) -> str:
+    if head[:2] == b"\x1f\x8b":
+        return "gzip"
+    if head[:4] == b"\x28\xb5\x2f\xfd":
+        return "zstd"
+    return "none"
+
+
+def open_decompressed(src: str | BinaryIO, compression: str) -> BinaryIO:
+    """A file object over the uncompressed layer, from a path or a stream; `compression` is 'gzip', 'zstd',
+    'none' or 'auto' (by magic number)."""
+    f: BinaryIO = open(src, "rb") if isinstance(src, str) else src
+    try:
+        if compression == "auto":
+            head = f.read(4)
+            compression = sniff_compression(head)
+            f = _Peeked(f, head)  # type: ignore[assignment]
+        if compression == "gzip":
+            return _Stack(gzip.GzipFile(fileobj=f, mode="rb"), f)  # type: ignore[return-value]
+        if compression == "zstd":
+            return _Stack(_zstd_module().ZstdFile(f, "rb"), f)  # type: ignore[return-value]
+        if compression == "none":
+            return _Stack(f, f)  # type: ignore[return-value]
+    except BaseException:
+        f.close()
+        raise
+    f.close()
+    raise InvalidLayer(str(src), f"unknown compression {compression!r}")
 
 
 def _chunks(f: BinaryIO, layer: str, cancel: threading.Event | None) -> Iterator[bytes]:
@@ -109,16 +170,15 @@ def gnu_tar_command(dest: str) -> list[str]:
             "--xattrs", "--xattrs-include=*", "--no-acls", "--no-selinux", "--delay-directory-restore"]
 
 
-def apply_gnutar(path: str, compression: str, dest: str, layer: str,
+def apply_gnutar(path: str | BinaryIO, compression: str, dest: str, layer: str,
                  cancel: threading.Event | None = None) -> ApplyResult:
-    """Stream the layer through TarScanner into `tar -x` in `dest` (an empty directory), then the whiteout pass."""
+    """Stream the layer (a blob path, or a stream of the blob) through TarScanner into `tar -x` in `dest` (an
+    empty directory), then the whiteout pass."""
     rules = LayerRules(layer)
-    forbidden: list[str] = []
 
     def on_member(m) -> None:  # type: ignore[no-untyped-def]
         for k in m.pax:
             if k.startswith("SCHILY.xattr." + _FORBIDDEN_XATTR_PREFIX):
-                forbidden.append(m.name)
                 raise UnsafeLayer(layer, m.name, f"sets overlayfs xattr {k[len('SCHILY.xattr.'):]!r}")
 
     scanner = TarScanner(rules, on_member)
@@ -315,7 +375,7 @@ def _xattrs(ti: tarfile.TarInfo, layer: str) -> list[tuple[str, bytes]]:
     return out
 
 
-def apply_tarfile(path: str, compression: str, dest: str, layer: str,
+def apply_tarfile(path: str | BinaryIO, compression: str, dest: str, layer: str,
                   cancel: threading.Event | None = None) -> ApplyResult:
     """The same result as apply_gnutar, extracting member by member in Python with whiteouts handled inline."""
     rules = LayerRules(layer)
