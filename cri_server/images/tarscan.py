@@ -159,10 +159,12 @@ class TarScanner:
     and nothing after the end marker is seen at all.
     """
 
-    def __init__(self, rules: LayerRules, on_member=None) -> None:
+    def __init__(self, rules: LayerRules, on_member=None, on_pax=None) -> None:  # type: ignore[no-untyped-def]
+        """on_member(Member) sees every member; on_pax(name, pax) only members with pax records (cheaper)."""
         self.rules = rules
         self.layer = rules.layer
         self.on_member = on_member
+        self.on_pax = on_pax
         self._buf = bytearray()  # partial header or extension record
         self._skip = 0  # data + padding bytes left to skip
         self._ext_type: bytes | None = None  # collecting an extension record into _buf
@@ -290,6 +292,8 @@ class TarScanner:
         elif typeflag not in FILE_TYPES:
             raise InvalidLayer(self.layer, f"member {name!r}: unsupported tar entry type {typeflag!r}")
         self.rules.check(name, typeflag, link)
+        if self.on_pax is not None and pax:
+            self.on_pax(name, pax)
         if self.on_member is not None:
             self.on_member(Member(name, typeflag, link, size, _octal(block[100:108], "mode", self.layer),
                                   _octal(block[108:116], "uid", self.layer),

@@ -176,12 +176,12 @@ def apply_gnutar(path: str | BinaryIO, compression: str, dest: str, layer: str,
     empty directory), then the whiteout pass."""
     rules = LayerRules(layer)
 
-    def on_member(m) -> None:  # type: ignore[no-untyped-def]
-        for k in m.pax:
+    def on_pax(name: str, pax: dict[str, bytes]) -> None:
+        for k in pax:
             if k.startswith("SCHILY.xattr." + _FORBIDDEN_XATTR_PREFIX):
-                raise UnsafeLayer(layer, m.name, f"sets overlayfs xattr {k[len('SCHILY.xattr.'):]!r}")
+                raise UnsafeLayer(layer, name, f"sets overlayfs xattr {k[len('SCHILY.xattr.'):]!r}")
 
-    scanner = TarScanner(rules, on_member)
+    scanner = TarScanner(rules, on_pax=on_pax)
     h = hashlib.sha256()
     total = 0
     with tempfile.TemporaryFile(prefix="husk-tar-err-") as errf, open_decompressed(path, compression) as src:
