@@ -33,6 +33,7 @@ from .tarscan import (
     WHITEOUT_PREFIX,
     LayerRules,
     TarScanner,
+    clean_name,
 )
 
 log = logging.getLogger(__name__)
@@ -420,7 +421,7 @@ def apply_tarfile(path: str | BinaryIO, compression: str, dest: str, layer: str,
                 elif t == SYM:
                     os.symlink(ti.linkname, target)
                 elif t == LNK:
-                    src = os.path.join(dest, rules_clean_link(ti.linkname, layer))
+                    src = os.path.join(dest, clean_name(ti.linkname, layer, "hard link target"))
                     os.link(src, target, follow_symlinks=False)
                     continue  # a hard link shares the inode's metadata
                 elif t in (CHR, BLK):
@@ -451,11 +452,6 @@ def apply_tarfile(path: str | BinaryIO, compression: str, dest: str, layer: str,
             continue  # an aufs metadata directory, removed above
         _set_meta(target, ti, _xattrs(ti, layer), is_link=False)
     return ApplyResult("sha256:" + reader.h.hexdigest(), reader.n, rules.members, made, len(rules.opaques))
-
-
-def rules_clean_link(linkname: str, layer: str) -> str:
-    from .tarscan import clean_name
-    return clean_name(linkname, layer, "hard link target")
 
 
 def _members(tf: tarfile.TarFile, layer: str) -> Iterator[tarfile.TarInfo]:

@@ -455,3 +455,36 @@ def test_shared_pull_survives_one_caller_giving_up(tmp_path, certs_dir, registry
         finally:
             await svc.close()
     run(main())
+
+
+def test_interrupted_pull_resumes_or_restarts(tmp_path, certs_dir, registry, test_images):
+    """A partial download left by an earlier (killed) process is resumed with a Range request; a partial with
+    bad bytes fails the digest check once, is deleted, and the next pull starts over cleanly."""
+    layout = test_images["layered"]
+    layer = _layered_manifest(test_images)["layers"][1]
+    with open(os.path.join(layout, "blobs", "sha256", layer["digest"][7:]), "rb") as f:
+        blob = f.read()
+
+    async def main():
+        for good in (True, False):
+            root = tmp_path / f"root-{good}"
+            svc = ImageService(str(root), certs_dir, retry_backoff=0.01)
+            try:
+                half = blob[: len(blob) // 2] if good else b"\0" * (len(blob) // 2)
+                with open(os.path.join(svc.content.ingest_dir, layer["digest"][7:] + ".partial"), "wb") as f:
+                    f.write(half)
+                if good:
+                    rec = await svc.pull("docker.io/husk-test/layered:v1")
+                    svc.content.verify(layer["digest"])
+                    assert svc.get(rec.id) is not None
+                else:
+                    with pytest.raises(DigestMismatch):
+                        await svc.pull("docker.io/husk-test/layered:v1")
+                    assert not svc.content.exists(layer["digest"])
+                    rec = await svc.pull("docker.io/husk-test/layered:v1")
+                    svc.content.verify(layer["digest"])
+                assert os.listdir(svc.snapshots.tmp_dir) == []
+                assert not [n for n in os.listdir(svc.content.ingest_dir) if n.endswith(".partial")]
+            finally:
+                await svc.close()
+    run(main())
