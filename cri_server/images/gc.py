@@ -53,7 +53,7 @@ def plan(db: MetadataDB, content: ContentStore, snapshots: Snapshotter) -> GCPla
     return GCPlan(dead_blobs, dead_layers, orphans, orphan_active)
 
 
-def execute(p: GCPlan, content: ContentStore, snapshots: Snapshotter) -> tuple[int, int]:
+def execute(p: GCPlan, content: ContentStore, snapshots: Snapshotter, tmp_dir: str | None = None) -> tuple[int, int]:
     """Delete files of a plan whose rows are already gone (blocking: run in a worker thread).
     Returns (blobs removed, bytes freed by blobs)."""
     freed = 0
@@ -70,4 +70,7 @@ def execute(p: GCPlan, content: ContentStore, snapshots: Snapshotter) -> tuple[i
         shutil.rmtree(d, ignore_errors=True)
     content.clean_ingest()
     snapshots.clean_tmp()
+    if tmp_dir and os.path.isdir(tmp_dir):  # imports interrupted by a crash
+        for name in os.listdir(tmp_dir):
+            shutil.rmtree(os.path.join(tmp_dir, name), ignore_errors=True)
     return n, freed

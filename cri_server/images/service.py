@@ -209,10 +209,10 @@ class ImageService:
         from . import archive
         plat = self.platform if platform is None else (
             mf.parse_platform(platform) if isinstance(platform, str) else platform)
+        explicit = [parse(n) for n in names or []]
         async with alock(self.gc_lock_path, shared=True):
             images = await asyncio.to_thread(archive.read_archive, path, self.content, plat, all_platforms,
                                              os.path.join(self.root, "tmp"))
-            explicit = [parse(n) for n in names or []]
             if explicit and len(images) != 1:
                 raise ImageError(f"{path}: --name needs an archive with exactly one image ({len(images)} found)")
             out_ids = []
@@ -236,13 +236,14 @@ class ImageService:
             raise ImageError(f"cannot build the pause image: {catatonit} does not exist (install catatonit)")
         tmp_root = os.path.join(self.root, "tmp")
         os.makedirs(tmp_root, exist_ok=True)
-        tmp = tempfile.mkdtemp(prefix="pause-", dir=tmp_root)
-        try:
-            built = await asyncio.to_thread(builder.write_image, tmp, builder.pause_image(catatonit),
-                                            builder.LayerCache())
-            (rec,) = await self.import_archive(built.layout, names=[ref])
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        async with alock(self.gc_lock_path, shared=True):  # GC cleans tmp/ under the exclusive lock
+            tmp = tempfile.mkdtemp(prefix="pause-", dir=tmp_root)
+            try:
+                built = await asyncio.to_thread(builder.write_image, tmp, builder.pause_image(catatonit),
+                                                builder.LayerCache())
+                (rec,) = await self.import_archive(built.layout, names=[ref])
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
         return self.set_pinned(rec.id, True) if pin else rec
 
     async def export(self, refs: list[str], path: str, fmt: str = "oci") -> None:
@@ -307,13 +308,13 @@ class ImageService:
     async def _gc_locked(self) -> gcmod.GCResult:
         self._gc_pending = False
         p = gcmod.plan(self.db, self.content, self.snapshots)
+        sizes = {x.id: x.bytes for x in self.db.layers()}
         freed_layers = 0
         for lid in p.layer_ids:
-            row = next((x for x in self.db.layers() if x.id == lid), None)
-            if row is not None:
-                freed_layers += row.bytes
-                self.db.delete_layer(lid)
-        nblobs, freed = await asyncio.to_thread(gcmod.execute, p, self.content, self.snapshots)
+            freed_layers += sizes.get(lid, 0)
+            self.db.delete_layer(lid)
+        nblobs, freed = await asyncio.to_thread(gcmod.execute, p, self.content, self.snapshots,
+                                                os.path.join(self.root, "tmp"))
         if nblobs or p.layer_ids:
             log.info("gc: removed %d blobs and %d layers", nblobs, len(p.layer_ids))
         return gcmod.GCResult(nblobs, len(p.layer_ids), freed + freed_layers)
