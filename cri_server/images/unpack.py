@@ -210,7 +210,10 @@ def apply_gnutar(path: str | BinaryIO, compression: str, dest: str, layer: str,
             errf.seek(0)
             msg = errf.read(4000).decode(errors="replace").strip()
             raise InvalidLayer(layer, f"tar exited with status {rc}: {msg}")
-    whiteouts = convert_whiteouts(dest, rules)
+    try:
+        whiteouts = convert_whiteouts(dest, rules)
+    except OSError as e:
+        raise InvalidLayer(layer, f"whiteout conversion: {e}") from None
     return ApplyResult("sha256:" + h.hexdigest(), total, rules.members, whiteouts, len(rules.opaques))
 
 
@@ -432,6 +435,8 @@ def apply_tarfile(path: str | BinaryIO, compression: str, dest: str, layer: str,
                 _set_meta(target, ti, xattrs, is_link=(t == SYM))
         except tarfile.TarError as e:
             raise InvalidLayer(layer, f"bad tar stream: {e}") from None
+        except OSError as e:  # e.g. a file over a non-empty directory: tar fails on it too
+            raise InvalidLayer(layer, f"member {ti.name!r}: {e.strerror or e}") from None
         reader.drain()
     for name, mtime in whiteouts:
         parent, _, base = name.rpartition("/")

@@ -210,3 +210,13 @@ def test_header_only_member_with_data_is_refused(tmp_path):
     d.mkdir()
     with pytest.raises(InvalidLayer, match="carries 512 bytes"):
         unpack.apply_gnutar(str(p), "gzip", str(d), "sizedlink")
+
+
+@pytest.mark.parametrize("applier", APPLIERS)
+def test_file_over_nonempty_directory_is_a_layer_error(tmp_path, applier):
+    raw = raw_tar([member("d", "dir"), member("d/x"), member("d")])
+    p = _blob(str(tmp_path), raw)
+    d = tmp_path / "snap"
+    d.mkdir()
+    with pytest.raises(InvalidLayer, match="layer odd"):
+        unpack.APPLIERS[applier](p, "gzip", str(d), "odd")
