@@ -15,7 +15,6 @@ import asyncio
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -54,56 +53,6 @@ def compiled_copy(dest: str) -> str:
     return dest
 
 
-CONTAINERD_CONFIG = """version = 2
-root = "{d}/root"
-state = "{d}/state"
-disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.snapshotter.v1.btrfs",
-  "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs"]
-[grpc]
-  address = "{d}/c.sock"
-[ttrpc]
-  address = "{d}/c.sock.ttrpc"
-[debug]
-  level = "warn"
-[metrics]
-  address = ""
-[plugins."io.containerd.internal.v1.opt"]
-  path = "{d}/opt"
-"""
-
-
-class Containerd:
-    def __init__(self, d: str) -> None:
-        self.d = d
-        self.sock = os.path.join(d, "c.sock")
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        conf = os.path.join(self.d, "config.toml")
-        with open(conf, "w") as f:
-            f.write(CONTAINERD_CONFIG.format(d=self.d))
-        logf = open(os.path.join(self.d, "containerd.log"), "ab")
-        self.proc = subprocess.Popen(["containerd", "--config", conf], stdout=logf, stderr=logf)
-        logf.close()
-        for _ in range(200):
-            if os.path.exists(self.sock) and self.ctr("version").returncode == 0:
-                return
-            time.sleep(0.05)
-        raise RuntimeError("containerd did not start; see " + os.path.join(self.d, "containerd.log"))
-
-    def ctr(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["ctr", "-a", self.sock, "-n", "bench", *args], capture_output=True, text=True)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-
 def _timed(cmd: list[str], env: dict[str, str] | None = None, cwd: str | None = None) -> float:
     t0 = time.monotonic()
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd)
@@ -129,6 +78,7 @@ async def _inprocess_pull(root: str, ref: str, applier: str) -> float:
 
 
 def cmd_pull(a: argparse.Namespace) -> dict:  # type: ignore[type-arg]
+    from tests.support.containerd import Containerd
     from tests.support.registry import LocalRegistry
     index = build_images(a.cache)
     work = tempfile.mkdtemp(prefix="husk-bench-pull-", dir=a.workdir)
