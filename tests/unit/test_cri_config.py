@@ -31,7 +31,7 @@ def test_file_then_flags(tmp_path):
     f = tmp_path / "cri.toml"
     f.write_text('[paths]\nroot = "/srv/husk"\n[cni]\nbin_dirs = ["/x"]\nconf_dir = "/etc/x"\n')
     out = CliRunner().invoke(main, ["--config", str(f), "--cni-bin-dir", "/a", "--cni-bin-dir", "/b",
-                                    "--listen", "unix:///tmp/t.sock", "--log-level", "debug",
+                                    "--listen", "unix:///run/t.sock", "--log-level", "debug",
                                     "--sandbox-image", "local/pause:1", "--runtime", "runc",
                                     "--registry-config-dir", "/etc/r", "--stream-address", "127.0.0.2",
                                     "--state", "/run/t", "config", "show"])
@@ -40,7 +40,7 @@ def test_file_then_flags(tmp_path):
     assert doc["paths"] == {"root": "/srv/husk", "state": "/run/t"}
     assert doc["cni"]["bin_dirs"] == ["/a", "/b"]          # the flag replaces the file's list
     assert doc["cni"]["conf_dir"] == "/etc/x"              # untouched by flags
-    assert doc["server"]["listen"] == "unix:///tmp/t.sock"
+    assert doc["server"]["listen"] == "unix:///run/t.sock"
     assert doc["server"]["log_level"] == "debug"
     assert doc["runtime"]["sandbox_image"] == "local/pause:1"
     assert doc["runtime"]["runtime"] == "runc"
