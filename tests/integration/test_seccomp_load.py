@@ -121,6 +121,48 @@ def test_exec_after_install_runs_filtered(tmp_path) -> None:
     assert ok.returncode == 0
 
 
+SYS_CLONE = 56
+CLONE_NEWUTS = 0x04000000
+
+
+def _clone_checks() -> dict:
+    """fork() (clone without namespace flags) and a raw clone(CLONE_NEWUTS|SIGCHLD) from the child."""
+    out = {}
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    out["fork"] = os.waitpid(pid, 0)[1]
+    ret, err = sys_call(SYS_CLONE, CLONE_NEWUTS | 17, 0, 0, 0, 0)
+    if ret == 0:
+        os._exit(0)  # the new child: leave at once
+    if ret > 0:
+        os.waitpid(ret, 0)
+    out["clone_newuts"] = [min(ret, 1), err]
+    return out
+
+
+@pytest.mark.root
+def test_default_profile_clone_rule_follows_cap_sys_admin() -> None:
+    def child(caps: list[str] | None) -> dict:
+        seccomp.install(seccomp.default_profile(caps), True, cache_dir=None)
+        return _clone_checks()
+
+    res = run_child(lambda: child(None))
+    assert res.value == {"fork": 0, "clone_newuts": [-1, errno.EPERM]}
+    res = run_child(lambda: child(["CAP_SYS_ADMIN"]))
+    assert res.value == {"fork": 0, "clone_newuts": [1, 0]}
+
+
+@pytest.mark.root
+def test_default_profile_chroot_follows_cap_sys_chroot() -> None:
+    def child(caps: list[str] | None) -> object:
+        seccomp.install(seccomp.default_profile(caps), True, cache_dir=None)
+        return sys_call("chroot", 0)[1]  # a NULL path: EFAULT once the filter lets it through
+
+    assert run_child(lambda: child(None)).value == errno.EFAULT
+    assert run_child(lambda: child(["CAP_CHOWN"])).value == errno.EPERM
+
+
 @pytest.mark.root
 @pytest.mark.parametrize("nnp", [False, True])
 def test_no_new_privs_follows_the_parameter(nnp: bool) -> None:
