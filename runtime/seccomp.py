@@ -180,9 +180,6 @@ def _conditions(args: object, path: str) -> tuple[tuple[int, int, int, int], ...
         p = f"{path}[{i}]"
         if not isinstance(arg, dict):
             raise ConfigError(p, f"must be an object, not {type(arg).__name__}")
-        unknown = set(arg) - {"index", "value", "valueTwo", "op"}
-        if unknown:
-            raise ConfigError(p, f"unknown field {sorted(unknown)[0]!r}")
         index, value, value_two, op = arg.get("index"), arg.get("value"), arg.get("valueTwo", 0), arg.get("op")
         if not _is_uint(index, ARG_COUNT - 1):
             raise ConfigError(f"{p}.index", f"must be an argument index from 0 to {ARG_COUNT - 1}, not {index!r}")
@@ -197,13 +194,10 @@ def _conditions(args: object, path: str) -> tuple[tuple[int, int, int, int], ...
 
 
 def parse(seccomp: object, *, path: str = "linux.seccomp") -> Profile:
-    """Checks the structure and the values of a `linux.seccomp` object (pure Python, no libseccomp)."""
+    """Checks the structure and the values of a `linux.seccomp` object (pure Python, no libseccomp).
+    Unknown properties are ignored, as the runtime spec requires of every reader of config.json."""
     if not isinstance(seccomp, dict):
         raise ConfigError(path, f"must be an object, not {type(seccomp).__name__}")
-    unknown = set(seccomp) - {"defaultAction", "defaultErrnoRet", "architectures", "flags", "listenerPath",
-                              "listenerMetadata", "syscalls"}
-    if unknown:
-        raise ConfigError(f"{path}.{sorted(unknown)[0]}", "unknown field")
     if "defaultAction" not in seccomp:
         raise ConfigError(f"{path}.defaultAction", "is required")
     default = _action(seccomp["defaultAction"], seccomp.get("defaultErrnoRet"), f"{path}.defaultAction",
@@ -241,9 +235,6 @@ def parse(seccomp: object, *, path: str = "linux.seccomp") -> Profile:
         p = f"{path}.syscalls[{i}]"
         if not isinstance(entry, dict):
             raise ConfigError(p, f"must be an object, not {type(entry).__name__}")
-        unknown = set(entry) - {"names", "action", "errnoRet", "args"}
-        if unknown:
-            raise ConfigError(f"{p}.{sorted(unknown)[0]}", "unknown field")
         if "names" not in entry:
             raise ConfigError(f"{p}.names", "is required")
         if "action" not in entry:
