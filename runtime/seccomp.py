@@ -442,10 +442,13 @@ class _SockFprog(ctypes.Structure):
 def load(compiled: CompiledFilter, no_new_privs: bool) -> int | None:
     """Loads the program into the calling thread (all threads with TSYNC). Sets no_new_privs first when
     asked; without it the process needs CAP_SYS_ADMIN. Returns the listener fd for SCMP_ACT_NOTIFY."""
+    n = compiled.instructions
+    if not 0 < n <= BPF_MAXINSNS or len(compiled.program) % 8:
+        raise SetupError(f"loading the seccomp filter: not a BPF program ({len(compiled.program)} bytes)")
     if no_new_privs:
         syscalls.set_no_new_privs()
     buf = ctypes.create_string_buffer(compiled.program, len(compiled.program))
-    prog = _SockFprog(compiled.instructions, ctypes.addressof(buf))
+    prog = _SockFprog(n, ctypes.addressof(buf))
     try:
         ret = syscalls.raw_syscall(syscalls.SYS_seccomp, ctypes.c_uint(SECCOMP_SET_MODE_FILTER),
                                    ctypes.c_uint(compiled.flags), ctypes.byref(prog))
@@ -464,7 +467,12 @@ def load(compiled: CompiledFilter, no_new_privs: bool) -> int | None:
             raise SetupError("loading the seccomp filter: a listener already exists in this process "
                              "(only one SCMP_ACT_NOTIFY filter may be installed)") from err
         raise SetupError(f"loading the seccomp filter: {err.strerror}") from err
-    return ret if compiled.needs_listener else None
+    if compiled.needs_listener:
+        return ret
+    if ret != 0:
+        # With TSYNC (and no listener) the kernel reports a thread it could not synchronise by its id.
+        raise SetupError(f"loading the seccomp filter: thread {ret} could not be synchronised (TSYNC)")
+    return None
 
 
 def install(seccomp: dict | CompiledFilter, no_new_privs: bool, *, cache_dir: str | None = DEFAULT_CACHE_DIR,

@@ -509,3 +509,49 @@ def test_notify_handoff_failure_is_a_setup_error(tmp_path) -> None:
     finally:
         os.close(r)
         os.close(w)
+
+
+def test_tsync_reports_a_thread_it_cannot_synchronise() -> None:
+    # A thread that already has its own, unrelated filter cannot be synchronised: that is an error,
+    # not a success with a thread id as the return value.
+    first = _allow_all_but({"names": ["getppid"], "action": "SCMP_ACT_ERRNO"})
+    second = _allow_all_but({"names": ["getpriority"], "action": "SCMP_ACT_ERRNO"},
+                            flags=["SECCOMP_FILTER_FLAG_TSYNC"])
+
+    def child() -> object:
+        loaded, release = threading.Event(), threading.Event()
+
+        def other() -> None:
+            seccomp.install(first, True, cache_dir=None)
+            loaded.set()
+            release.wait()
+
+        t = threading.Thread(target=other)
+        t.start()
+        loaded.wait()
+        try:
+            seccomp.install(second, True, cache_dir=None)
+            return "loaded"
+        except SetupError as err:
+            return str(err)
+        finally:
+            release.set()
+            t.join()
+
+    res = run_child(child)
+    assert "could not be synchronised" in res.value
+
+
+def test_malformed_program_is_refused_before_the_kernel() -> None:
+    def child() -> list[str]:
+        out = []
+        for program in (b"", b"\x06\x00\x00\x00", b"\x00" * 8 * (seccomp.BPF_MAXINSNS + 1)):
+            try:
+                seccomp.load(seccomp.CompiledFilter(program, 0, "x", False), True)
+                out.append("loaded")
+            except SetupError as err:
+                out.append(str(err))
+        return out + [status_fields("NoNewPrivs")["NoNewPrivs"]]
+
+    res = run_child(child)
+    assert all("not a BPF program" in msg for msg in res.value[:3]) and res.value[3] == "0"
