@@ -399,7 +399,9 @@ def write_cached(cache_dir: str, digest: str, program: bytes) -> bool:
         os.makedirs(cache_dir, mode=0o700, exist_ok=True)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
-            os.write(fd, _CACHE_MAGIC + bytes.fromhex(_sha256(program)) + program)
+            data = memoryview(_CACHE_MAGIC + bytes.fromhex(_sha256(program)) + program)
+            while data:
+                data = data[os.write(fd, data):]
         finally:
             os.close(fd)
         os.rename(tmp, final)

@@ -29,7 +29,7 @@ class ChildResult:
     value: object  # what the function returned (JSON round trip), None if it did not return
 
 
-def run_child(fn: Callable[[], object], timeout_hint: str = "") -> ChildResult:
+def run_child(fn: Callable[[], object]) -> ChildResult:
     """Forks; the child runs fn() and sends its JSON-encoded result back, then _exits(0).
     An exception in the child is reported as {"exception": "Type: message"}."""
     r, w = os.pipe()
