@@ -16,7 +16,6 @@ import ctypes
 import errno as _errno
 import json
 import os
-from dataclasses import dataclass
 
 from runtime.errors import ConfigError, SetupError
 from runtime.linux import syscalls
@@ -91,20 +90,47 @@ _CACHE_MAGIC = b"HUSKBPF1"
 _CACHE_HEADER = len(_CACHE_MAGIC) + 32  # magic + sha256 of the program
 
 
-@dataclass(frozen=True)
-class Rule:
+# The three records below are small immutable classes, not dataclasses: @dataclass costs about 1 ms per
+# class when the module is imported, which is more than loading a cached filter (this is on every start).
+
+class _Record:
+    __slots__: tuple[str, ...] = ()
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"{type(self).__name__} is immutable")
+
+    def _set(self, **fields: object) -> None:
+        for name, value in fields.items():
+            object.__setattr__(self, name, value)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and all(getattr(self, n) == getattr(other, n) for n in self.__slots__)
+
+    def __hash__(self) -> int:
+        return hash(tuple(getattr(self, n) for n in self.__slots__))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{n}={getattr(self, n)!r}' for n in self.__slots__)})"
+
+
+class Rule(_Record):
     """One `syscalls[i]` entry, checked and converted to libseccomp's numbers."""
 
+    __slots__ = ("path", "names", "action", "conditions")
     path: str  # JSON path, for errors
     names: tuple[str, ...]
     action: int
     conditions: tuple[tuple[int, int, int, int], ...]  # (arg index, op, datum_a, datum_b)
 
+    def __init__(self, path: str, names: tuple[str, ...], action: int,
+                 conditions: tuple[tuple[int, int, int, int], ...]) -> None:
+        self._set(path=path, names=names, action=action, conditions=conditions)
 
-@dataclass(frozen=True)
-class Profile:
+
+class Profile(_Record):
     """A checked `linux.seccomp` object. Syscall names are checked against libseccomp separately."""
 
+    __slots__ = ("default_action", "architectures", "flags", "rules", "listener_path", "listener_metadata")
     default_action: int
     architectures: tuple[str, ...]  # OCI names, e.g. SCMP_ARCH_X86_64
     flags: int  # SECCOMP_FILTER_FLAG_* requested by the config
@@ -112,21 +138,31 @@ class Profile:
     listener_path: str | None
     listener_metadata: str | None
 
+    def __init__(self, default_action: int, architectures: tuple[str, ...], flags: int, rules: tuple[Rule, ...],
+                 listener_path: str | None, listener_metadata: str | None) -> None:
+        self._set(default_action=default_action, architectures=architectures, flags=flags, rules=rules,
+                  listener_path=listener_path, listener_metadata=listener_metadata)
+
     @property
     def uses_notify(self) -> bool:
         return any(r.action == ACT_NOTIFY for r in self.rules)
 
 
-@dataclass(frozen=True)
-class CompiledFilter:
+class CompiledFilter(_Record):
     """A BPF program ready to load: `program` is raw `struct sock_filter` records."""
 
+    __slots__ = ("program", "flags", "digest", "from_cache", "listener_path", "listener_metadata")
     program: bytes
     flags: int  # the seccomp(2) flags to load it with
     digest: str  # the cache key (hex sha256)
     from_cache: bool
-    listener_path: str | None = None
-    listener_metadata: str | None = None
+    listener_path: str | None
+    listener_metadata: str | None
+
+    def __init__(self, program: bytes, flags: int, digest: str, from_cache: bool,
+                 listener_path: str | None = None, listener_metadata: str | None = None) -> None:
+        self._set(program=program, flags=flags, digest=digest, from_cache=from_cache,
+                  listener_path=listener_path, listener_metadata=listener_metadata)
 
     @property
     def needs_listener(self) -> bool:

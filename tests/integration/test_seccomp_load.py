@@ -97,6 +97,7 @@ def test_cached_program_behaves_the_same(tmp_path) -> None:
     _assert_default_behaviour(res.value)
 
 
+@pytest.mark.root
 def test_exec_after_install_runs_filtered(tmp_path) -> None:
     compiled = seccomp.prepare(seccomp.default_profile(), cache_dir=str(tmp_path))
     r, w = os.pipe()

@@ -106,11 +106,15 @@ def test_unwritable_cache_still_gives_a_program(tmp_path) -> None:
     assert not compiled.from_cache and compiled.instructions > 100
 
 
-def test_cache_hit_imports_no_libseccomp_binding_beyond_the_version(tmp_path) -> None:
-    # In a fresh interpreter, a cache hit must neither compile nor resolve names.
+def test_cache_hit_neither_compiles_nor_imports_heavy_modules(tmp_path) -> None:
+    # In a fresh interpreter, a cache hit must neither compile nor resolve names, and stays off the
+    # modules that cost milliseconds to import.
     seccomp.prepare(_profile(), cache_dir=str(tmp_path))
+    import runtime
+
+    top = os.path.dirname(os.path.dirname(os.path.abspath(runtime.__file__)))
     code = (
-        "import sys\n"
+        f"import sys; sys.path.insert(0, {top!r})\n"
         "from runtime import seccomp, seccomp_lib\n"
         "calls = []\n"
         "for name in ('resolve_syscall', 'arch_token', 'FilterContext'):\n"
@@ -119,9 +123,12 @@ def test_cache_hit_imports_no_libseccomp_binding_beyond_the_version(tmp_path) ->
         f"c = seccomp.prepare(seccomp.default_profile(), cache_dir={str(tmp_path)!r})\n"
         "assert c.from_cache, 'not from cache'\n"
         "assert not calls, calls\n"
+        "heavy = {'dataclasses', 'typing', 'logging', 'hashlib', 'inspect'} & set(sys.modules)\n"
+        "assert not heavy, heavy\n"
         "print('ok')\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    # -I -S: no site hooks, as the runtime's launcher; only what runtime.seccomp imports itself is loaded.
+    out = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, check=False)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
 
