@@ -518,6 +518,8 @@ def install(seccomp: dict | CompiledFilter, no_new_privs: bool, *, cache_dir: st
     """Loads the filter into the calling (single-threaded) process, as the last step before execve.
 
     `seccomp` is the OCI object (prepared here through the cache) or what prepare() returned earlier.
+    With no_new_privs False the kernel demands CAP_SYS_ADMIN, so such a caller loads before dropping
+    capabilities (as runc does) and the profile must then allow the syscalls that remain before execve.
     For a profile with SCMP_ACT_NOTIFY, `on_listener(fd, compiled)` must hand the listener fd on (see
     runtime.seccomp_notify); the fd is closed afterwards. Without a handler such a profile is refused
     before anything is loaded.
