@@ -102,11 +102,17 @@ class V2Manager:
                     f"(enabled: {' '.join(enabled) or 'none'})")
         return f"{what}: no such file (the kernel does not support it)"
 
+    def _readf(self, name: str) -> str:
+        try:
+            return _read(self._file(name))
+        except OSError as e:
+            raise SetupError(f"read {self._file(name)}: {e.strerror}") from e
+
     def _has_file(self, name: str) -> bool:
         return os.path.exists(self._file(name))
 
     def _events(self) -> dict[str, int]:
-        return parse_flat_keyed(_read(self._file("cgroup.events")))
+        return parse_flat_keyed(self._readf("cgroup.events"))
 
     # --- Manager --------------------------------------------------------------------------------------------
     def exists(self) -> bool:
@@ -180,35 +186,35 @@ class V2Manager:
     def stats(self) -> Stats:
         st = Stats()
         if self._has_file("cpu.stat"):
-            cpu = parse_flat_keyed(_read(self._file("cpu.stat")))
+            cpu = parse_flat_keyed(self._readf("cpu.stat"))
             st.cpu = CpuStats(usage_ns=cpu.get("usage_usec", 0) * 1000, user_ns=cpu.get("user_usec", 0) * 1000,
                               system_ns=cpu.get("system_usec", 0) * 1000, nr_periods=cpu.get("nr_periods", 0),
                               nr_throttled=cpu.get("nr_throttled", 0),
                               throttled_ns=cpu.get("throttled_usec", 0) * 1000)
         if self._has_file("memory.current"):
-            raw = parse_flat_keyed(_read(self._file("memory.stat")))
-            events = parse_flat_keyed(_read(self._file("memory.events")))
-            usage = int(_read(self._file("memory.current")))
+            raw = parse_flat_keyed(self._readf("memory.stat"))
+            events = parse_flat_keyed(self._readf("memory.events"))
+            usage = int(self._readf("memory.current"))
             inactive = raw.get("inactive_file", 0)
             st.memory = MemoryStats(
                 usage=usage,
-                limit=_limit(_read(self._file("memory.max"))),
-                max_usage=int(_read(self._file("memory.peak"))) if self._has_file("memory.peak") else 0,
+                limit=_limit(self._readf("memory.max")),
+                max_usage=int(self._readf("memory.peak")) if self._has_file("memory.peak") else 0,
                 working_set=usage - inactive if usage > inactive else 0,
                 rss=raw.get("anon", 0),
                 cache=raw.get("file", 0),
-                swap_usage=(int(_read(self._file("memory.swap.current")))
+                swap_usage=(int(self._readf("memory.swap.current"))
                             if self._has_file("memory.swap.current") else 0),
                 oom_events=events.get("oom", 0),
                 oom_kills=events.get("oom_kill", 0),
                 raw=raw,
             )
         if self._has_file("pids.current"):
-            st.pids = PidsStats(current=int(_read(self._file("pids.current"))),
-                                limit=_limit(_read(self._file("pids.max"))))
+            st.pids = PidsStats(current=int(self._readf("pids.current")),
+                                limit=_limit(self._readf("pids.max")))
         if self._has_file("io.stat"):
             io = IoStats()
-            for dev in parse_nested_keyed(_read(self._file("io.stat"))).values():
+            for dev in parse_nested_keyed(self._readf("io.stat")).values():
                 io.read_bytes += dev.get("rbytes", 0)
                 io.write_bytes += dev.get("wbytes", 0)
                 io.read_ios += dev.get("rios", 0)
@@ -221,8 +227,8 @@ class V2Manager:
         for name in names:
             if name.startswith("hugetlb.") and name.endswith(".current") and not name.endswith(".rsvd.current"):
                 size = name[len("hugetlb."):-len(".current")]
-                events = parse_flat_keyed(_read(self._file(f"hugetlb.{size}.events")))
-                st.hugetlb[size] = HugetlbStats(usage=int(_read(self._file(name))), failcnt=events.get("max", 0))
+                events = parse_flat_keyed(self._readf(f"hugetlb.{size}.events"))
+                st.hugetlb[size] = HugetlbStats(usage=int(self._readf(name)), failcnt=events.get("max", 0))
         return st
 
     def pids(self) -> list[int]:

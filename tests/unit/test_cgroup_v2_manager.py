@@ -131,3 +131,11 @@ def test_set_writes_files(tmp_path: Path) -> None:
 def test_destroy_of_a_missing_cgroup_is_not_an_error(tmp_path: Path) -> None:
     V2Manager("/nope", mountpoint=str(tmp_path)).destroy()
     assert not V2Manager("/nope", mountpoint=str(tmp_path)).exists()
+
+
+def test_reads_of_a_missing_cgroup_name_the_file(tmp_path: Path) -> None:
+    m = V2Manager("/gone", mountpoint=str(fake_root(tmp_path)))
+    with pytest.raises(SetupError, match="gone/cgroup.events"):
+        m.frozen()
+    with pytest.raises(SetupError, match="stats of /gone"):
+        m.stats()

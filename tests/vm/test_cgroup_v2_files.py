@@ -118,3 +118,11 @@ def test_hugetlb_limit_is_enforced(workload) -> None:
     w = workload({"hugepageLimits": [{"pageSize": "2MB", "limit": 2 * MiB}]})
     assert w.call("hugetlb", 2 * MiB) == 0
     assert w.call("hugetlb", 4 * MiB) != 0     # the reservation is over hugetlb.2MB.rsvd.max
+
+
+def test_destroy_removes_nested_cgroups(make_manager) -> None:
+    m = make_manager("parent")
+    m.create()
+    os.makedirs(f"{m.dir}/sub/leaf")              # e.g. what a systemd or a nested runtime inside made
+    m.destroy()
+    assert not m.exists() and not os.path.exists(m.dir)
