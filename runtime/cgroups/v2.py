@@ -173,14 +173,21 @@ class V2Manager:
         self._write("cgroup.procs", str(pid), f"pid {pid}")
 
     def set(self, resources: dict[str, Any]) -> None:
+        # Everything is validated, and every file looked up, before the first write: a bad config changes
+        # nothing. (A value the kernel itself refuses can still fail part-way, naming the file.)
         writes = v2_resources.plan(resources, self._has_file)
+        rules = bpf_devices.parse_rules(resources["devices"]) if resources.get("devices") is not None else None
+        todo = []
         for w in writes:
-            if w.missing_ok and not self._has_file(w.file):
+            if self._has_file(w.file):
+                todo.append(w)
+            elif w.missing_ok:
                 log.debug("cgroup %s: %s absent, %s=%s skipped", self.path, w.file, w.field, w.value)
-                continue
+            else:
+                raise SetupError(self._missing_file_reason(w.file, w.field))
+        for w in todo:
             self._write(w.file, w.value, w.field)
-        if resources.get("devices") is not None:
-            rules = bpf_devices.parse_rules(resources["devices"])
+        if rules is not None:
             bpf_devices.install(self.dir, rules)
 
     def stats(self) -> Stats:
@@ -277,9 +284,11 @@ class V2Manager:
         if sig == signal.SIGKILL and self._has_file("cgroup.kill"):
             self._write("cgroup.kill", "1", "kill --all")
             return
-        # Without cgroup.kill: freeze so no process forks past the list, signal each, thaw (as runc does).
+        # Without cgroup.kill: freeze so no process forks past the list, signal each, thaw -- unless the
+        # container was paused before: a signal must not resume it.
+        was_frozen = self.frozen()
         can_freeze = self._has_file("cgroup.freeze")
-        if can_freeze:
+        if can_freeze and not was_frozen:
             self.freeze()
         try:
             for pid in self.pids():
@@ -288,7 +297,7 @@ class V2Manager:
                 except ProcessLookupError:
                     pass
         finally:
-            if can_freeze:
+            if can_freeze and not was_frozen:
                 self.thaw()
 
     def oom_event_fd(self) -> int | None:

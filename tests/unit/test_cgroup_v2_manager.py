@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from runtime.cgroups.v2 import V2Manager, parse_flat_keyed, parse_nested_keyed
-from runtime.errors import SetupError
+from runtime.errors import ConfigError, SetupError
 
 
 def fake_root(tmp_path: Path, controllers: str = "cpuset cpu io memory hugetlb pids") -> Path:
@@ -139,3 +139,17 @@ def test_reads_of_a_missing_cgroup_name_the_file(tmp_path: Path) -> None:
         m.frozen()
     with pytest.raises(SetupError, match="stats of /gone"):
         m.stats()
+
+
+@pytest.mark.parametrize("bad", [
+    {"devices": [{"allow": "maybe"}]},                    # invalid device rule
+    {"unified": {"memory.nonexistent": "1"}},              # a file the kernel does not have
+])
+def test_a_bad_config_writes_nothing(tmp_path: Path, bad) -> None:
+    root = fake_root(tmp_path)
+    (root / "c").mkdir()
+    (root / "c" / "cgroup.controllers").write_text("memory pids\n")
+    (root / "c" / "pids.max").write_text("max")
+    with pytest.raises((SetupError, ConfigError)):
+        V2Manager("/c", mountpoint=str(root)).set({"pids": {"limit": 5}, **bad})
+    assert (root / "c" / "pids.max").read_text() == "max"

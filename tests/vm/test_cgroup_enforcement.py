@@ -138,3 +138,14 @@ def test_kill_all_sigkill_empties_the_cgroup(workload) -> None:
     assert os.WTERMSIG(w.wait()) == signal.SIGKILL
     m.destroy()
     assert not m.exists()
+
+
+@pytest.mark.cgroup_v1_too
+def test_signalling_a_paused_container_keeps_it_paused(workload) -> None:
+    w = workload({})
+    m = w.manager
+    m.freeze()
+    m.kill_all(signal.SIGTERM)
+    assert m.frozen()                      # kill_all froze nothing new and thawed nothing
+    m.thaw()
+    assert os.WTERMSIG(w.wait()) == signal.SIGTERM
