@@ -286,8 +286,8 @@ class V2Manager:
             return
         # Without cgroup.kill: freeze so no process forks past the list, signal each, thaw -- unless the
         # container was paused before: a signal must not resume it.
-        was_frozen = self.frozen()
         can_freeze = self._has_file("cgroup.freeze")
+        was_frozen = can_freeze and self._readf("cgroup.freeze").strip() == "1"
         if can_freeze and not was_frozen:
             self.freeze()
         try:
