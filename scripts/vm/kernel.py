@@ -35,20 +35,19 @@ def _run(cmd: list[str], cwd: Path | None = None) -> str:
 
 def resolve_package(meta: str = META_PACKAGE) -> str:
     """The versioned kernel package the meta package points to (apt-cache depends, no network)."""
-    for line in _run(["apt-cache", "depends", meta]).splitlines():
+    try:
+        out = _run(["apt-cache", "depends", meta])
+    except RuntimeError:
+        out = ""
+    for line in out.splitlines():
         line = line.strip()
         if line.startswith("Depends:") and "linux-image-" in line:
             return line.split(":", 1)[1].strip()
-    raise RuntimeError(f"apt-cache depends {meta}: no linux-image dependency (run apt-get update?)")
+    raise RuntimeError(f"apt-cache depends {meta}: no linux-image dependency")
 
 
 def _download(package: str, into: Path) -> Path:
-    try:
-        _run(["apt-get", "download", package], cwd=into)
-    except RuntimeError:
-        # A fresh machine may have no package lists yet.
-        _run(["apt-get", "update", "-q"])
-        _run(["apt-get", "download", package], cwd=into)
+    _run(["apt-get", "download", package], cwd=into)
     debs = sorted(into.glob(f"{package}_*.deb"))
     if not debs:
         raise RuntimeError(f"apt-get download {package}: no .deb in {into}")
@@ -58,7 +57,16 @@ def _download(package: str, into: Path) -> Path:
 def fetch(cache: Path, wanted_modules: list[str], package: str | None = None) -> Kernel:
     """Returns the cached kernel for `package` (default: what linux-image-amd64 depends on), fetching it first
     when the cache has none or lacks one of `wanted_modules`."""
-    package = package or resolve_package()
+    if package is None:
+        try:
+            package = resolve_package()
+        except RuntimeError:
+            cached = sorted((cache / "kernel").glob("linux-image-*/kernel.json"))
+            if cached:   # no package lists (yet): a kernel fetched before will do
+                package = cached[-1].parent.name
+            else:
+                _run(["apt-get", "update", "-q"])      # a fresh machine may have no package lists yet
+                package = resolve_package()
     kdir = cache / "kernel" / package
     meta_file = kdir / "kernel.json"
     if meta_file.exists():
@@ -69,7 +77,11 @@ def fetch(cache: Path, wanted_modules: list[str], package: str | None = None) ->
     cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache, prefix="fetch-") as tmp:
         tmpdir = Path(tmp)
-        deb = _download(package, tmpdir)
+        try:
+            deb = _download(package, tmpdir)
+        except RuntimeError:
+            _run(["apt-get", "update", "-q"])          # stale lists: the archive may have moved on
+            deb = _download(package, tmpdir)
         version = deb.name.split("_")[1]
         root = tmpdir / "root"
         _run(["dpkg-deb", "-x", str(deb), str(root)])
