@@ -13,7 +13,7 @@ import signal
 import time
 from typing import Any
 
-from runtime.cgroups import bpf_devices, v2_resources
+from runtime.cgroups import v2_resources
 from runtime.cgroups.manager import CpuStats, HugetlbStats, IoStats, MemoryStats, PidsStats, Stats
 from runtime.errors import SetupError
 
@@ -176,7 +176,10 @@ class V2Manager:
         # Everything is validated, and every file looked up, before the first write: a bad config changes
         # nothing. (A value the kernel itself refuses can still fail part-way, naming the file.)
         writes = v2_resources.plan(resources, self._has_file)
-        rules = bpf_devices.parse_rules(resources["devices"]) if resources.get("devices") is not None else None
+        rules = None
+        if resources.get("devices") is not None:
+            from runtime.cgroups import bpf_devices   # only set() with devices needs it (not state/stats/kill)
+            rules = bpf_devices.parse_rules(resources["devices"])
         todo = []
         for w in writes:
             if self._has_file(w.file):

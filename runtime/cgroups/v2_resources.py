@@ -11,7 +11,6 @@ Devices (eBPF) are not planned here: see bpf_devices.py. v1-only fields are igno
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -20,10 +19,18 @@ from runtime.errors import ConfigError
 log = logging.getLogger(__name__)
 
 ROOT = "linux.resources"
-_PAGE_SIZE = re.compile(r"^[1-9][0-9]*[KMG]B$")
 # Files that move, kill or freeze processes: they are not resource settings and must not come from `unified`.
 UNIFIED_FORBIDDEN = frozenset({"cgroup.procs", "cgroup.threads", "cgroup.kill", "cgroup.freeze",
                                "cgroup.subtree_control", "cgroup.type"})
+
+
+_CPU_LIST_CHARS = frozenset("0123456789,- ")
+
+
+def _is_page_size(size: object) -> bool:
+    """"2MB", "1GB", "64KB": the names the kernel gives hugetlb.<size>.* files ("re" stays off the hot path)."""
+    return (isinstance(size, str) and len(size) >= 3 and size[-2:] in ("KB", "MB", "GB")
+            and size[:-2].isascii() and size[:-2].isdigit() and size[0] != "0")
 
 
 @dataclass(frozen=True)
@@ -136,7 +143,7 @@ def _cpu(cpu: dict[str, Any], out: list[Write]) -> None:
         value = cpu.get(key)
         if value is None or value == "":
             continue
-        if not isinstance(value, str) or not re.fullmatch(r"[0-9,\- ]+", value):
+        if not isinstance(value, str) or not set(value) <= _CPU_LIST_CHARS:
             raise ConfigError(f"{p}.{key}", f"must be a list like '0-2,5', got {value!r}")
         out.append(Write(f"cpuset.{key}", value, f"{p}.{key}"))
 
@@ -198,7 +205,7 @@ def _hugetlb(limits: list[Any], has_file: Callable[[str], bool], out: list[Write
         if not isinstance(h, dict):
             raise ConfigError(hp, "must be an object")
         size = h.get("pageSize")
-        if not isinstance(size, str) or not _PAGE_SIZE.match(size):
+        if not _is_page_size(size):
             raise ConfigError(f"{hp}.pageSize", f"must look like 2MB or 1GB, got {size!r}")
         limit = _int(h, "limit", hp, 0)
         if limit is None:
