@@ -4,6 +4,7 @@ kill_all, and delete removing the cgroup. Tests marked cgroup_v1_too hold for a 
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import select
 import signal
@@ -149,3 +150,47 @@ def test_signalling_a_paused_container_does_not_thaw_it(workload) -> None:
         assert f.read().strip() == "1"        # the freeze request stands (the kernel may still kill the
     m.thaw()                                  # frozen task: a default-action SIGTERM becomes a group kill)
     assert os.WTERMSIG(w.wait()) == signal.SIGTERM
+
+
+def test_cpu_max_throttles(workload) -> None:
+    w = workload({"cpu": {"quota": 10000, "period": 100000}})     # a tenth of one CPU
+    w.call("spawn", "spin")
+    m = w.manager
+    assert wait_until(lambda: m.stats().cpu.nr_throttled > 0), m.stats().cpu
+    st = m.stats().cpu
+    assert st.nr_periods >= st.nr_throttled > 0 and st.throttled_ns > 0
+
+
+LOOP_CTL_GET_FREE, LOOP_SET_FD, LOOP_CLR_FD = 0x4C82, 0x4C00, 0x4C01   # linux/loop.h
+
+
+@pytest.fixture
+def loop_device(tmp_path):
+    """A loop block device over a 4 MiB file (tmpfs in the guest)."""
+    backing = tmp_path / "disk.img"
+    backing.write_bytes(b"\xab" * (4 * MiB))
+    ctl = os.open("/dev/loop-control", os.O_RDWR | os.O_CLOEXEC)
+    try:
+        n = fcntl.ioctl(ctl, LOOP_CTL_GET_FREE)
+    finally:
+        os.close(ctl)
+    dev = f"/dev/loop{n}"
+    dev_fd = os.open(dev, os.O_RDWR | os.O_CLOEXEC)
+    file_fd = os.open(backing, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        fcntl.ioctl(dev_fd, LOOP_SET_FD, file_fd)
+        yield dev, os.major(os.stat(dev).st_rdev), os.minor(os.stat(dev).st_rdev)
+    finally:
+        fcntl.ioctl(dev_fd, LOOP_CLR_FD, 0)
+        os.close(file_fd)
+        os.close(dev_fd)
+
+
+def test_io_stat_counts_reads(workload, loop_device) -> None:
+    dev, major, minor = loop_device
+    w = workload({"blockIO": {"throttleReadIOPSDevice": [{"major": major, "minor": minor, "rate": 100000}]}})
+    assert w.call("read", dev, 2 * MiB) == 2 * MiB
+    st = w.manager.stats().io
+    assert st.read_bytes >= 2 * MiB and st.read_ios > 0
+    with open(f"{w.manager.dir}/io.max") as f:
+        assert f.read().strip() == f"{major}:{minor} rbps=max wbps=max riops=100000 wiops=max"

@@ -118,9 +118,26 @@ def _op_hugetlb(nbytes: int) -> int:
     return 0
 
 
+def _op_read(path: str, nbytes: int) -> int:
+    """Reads nbytes from the start of path with O_DIRECT (so the block layer sees it); returns bytes read."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT | os.O_CLOEXEC)
+    try:
+        buf = mmap.mmap(-1, 1 << 20)     # page-aligned, as O_DIRECT wants
+        done = 0
+        while done < nbytes:
+            n = os.readv(fd, [memoryview(buf)[:min(1 << 20, nbytes - done)]])
+            if n <= 0:
+                break
+            done += n
+        buf.close()
+        return done
+    finally:
+        os.close(fd)
+
+
 OPS: dict[str, Callable[..., Any]] = {
     "ping": lambda: os.getpid(), "open": _op_open, "mknod": _op_mknod, "alloc": _op_alloc, "fork": _op_fork,
-    "spawn": _op_spawn, "hugetlb": _op_hugetlb,
+    "spawn": _op_spawn, "hugetlb": _op_hugetlb, "read": _op_read,
 }
 
 
