@@ -11,6 +11,7 @@ writing (also O_RDWR), which v1's exception list cannot express exactly but inte
 """
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import struct
@@ -183,7 +184,7 @@ def install(cgroup_dir: str, rules: list[Rule]) -> None:
 
     prog = encode(compile_rules(rules))
     try:
-        prog_fd = sc.bpf_prog_load(sc.BPF_PROG_TYPE_CGROUP_DEVICE, prog, "Apache", name="husk_devices")
+        prog_fd = _load(sc, prog)
     except OSError as e:
         raise SetupError(f"load the device filter for {cgroup_dir}: {e.strerror}") from e
     try:
@@ -217,6 +218,26 @@ def install(cgroup_dir: str, rules: list[Rule]) -> None:
     finally:
         os.close(dir_fd)
         os.close(prog_fd)   # the attachment holds its own reference
+
+
+def _load(sc: Any, prog: bytes) -> int:
+    try:
+        return sc.bpf_prog_load(sc.BPF_PROG_TYPE_CGROUP_DEVICE, prog, "Apache", name="husk_devices")
+    except OSError as e:
+        if e.errno != errno.EPERM:
+            raise
+    # Kernels before 5.11 charge programs to RLIMIT_MEMLOCK and say EPERM when it is low: retry once with the
+    # soft limit at the hard one, then put it back so the container does not inherit the change.
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    if soft == hard:
+        raise PermissionError(errno.EPERM, os.strerror(errno.EPERM) + " (RLIMIT_MEMLOCK already at its hard limit)")
+    resource.setrlimit(resource.RLIMIT_MEMLOCK, (hard, hard))
+    try:
+        return sc.bpf_prog_load(sc.BPF_PROG_TYPE_CGROUP_DEVICE, prog, "Apache", name="husk_devices")
+    finally:
+        resource.setrlimit(resource.RLIMIT_MEMLOCK, (soft, hard))
 
 
 def _attach(sc: Any, dir_fd: int, prog_fd: int, flags: int, cgroup_dir: str) -> None:

@@ -143,3 +143,39 @@ def test_encoding_of_one_instruction() -> None:
     # r3 = *(u32 *)(r1 + 4): opcode 0x61, dst 3 in the low nibble, src 1 in the high nibble, off 4, imm 0
     assert bd.Insn(bd.LDX_MEM_W, 3, 1, 4, 0).encode() == bytes([0x61, 0x13, 4, 0, 0, 0, 0, 0])
     assert bd.Insn(bd.ALU32_AND_K, 3, imm=-3).encode() == bytes([0x54, 0x03, 0, 0, 0xFD, 0xFF, 0xFF, 0xFF])
+
+
+class FakeSyscalls:
+    """Stands in for runtime.linux.syscalls: the first load fails with `first_errno`."""
+    BPF_PROG_TYPE_CGROUP_DEVICE = 15
+
+    def __init__(self, first_errno: int) -> None:
+        self.first_errno = first_errno
+        self.limits_seen: list[tuple[int, int]] = []
+
+    def bpf_prog_load(self, *args, **kwargs) -> int:
+        import resource
+        self.limits_seen.append(resource.getrlimit(resource.RLIMIT_MEMLOCK))
+        if len(self.limits_seen) == 1 and self.first_errno:
+            raise PermissionError(self.first_errno, "denied")
+        return 42
+
+
+def test_load_retries_with_memlock_raised_and_restores_it() -> None:
+    import errno as errno_mod
+    import resource
+    before = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    if before[0] == before[1]:
+        if before[1] == 0:
+            pytest.skip("RLIMIT_MEMLOCK hard limit is 0")
+        resource.setrlimit(resource.RLIMIT_MEMLOCK, (0, before[1]))
+    try:
+        start = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+        fake = FakeSyscalls(errno_mod.EPERM)
+        assert bd._load(fake, b"") == 42
+        assert fake.limits_seen == [start, (start[1], start[1])]
+        assert resource.getrlimit(resource.RLIMIT_MEMLOCK) == start
+        with pytest.raises(OSError):
+            bd._load(FakeSyscalls(errno_mod.EINVAL), b"")    # other errors are not retried
+    finally:
+        resource.setrlimit(resource.RLIMIT_MEMLOCK, before)
