@@ -148,8 +148,11 @@ class V2Manager:
 
     @staticmethod
     def _enable_subtree(directory: str) -> None:
-        available = _read(f"{directory}/cgroup.controllers").split()
-        enabled = set(_read(f"{directory}/cgroup.subtree_control").split())
+        try:
+            available = _read(f"{directory}/cgroup.controllers").split()
+            enabled = set(_read(f"{directory}/cgroup.subtree_control").split())
+        except OSError as e:
+            raise SetupError(f"read the controllers of {directory}: {e.strerror}") from e
         missing = [c for c in available if c not in enabled]
         if not missing:
             return
