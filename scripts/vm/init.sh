@@ -38,6 +38,14 @@ for d in run tmp var/lib/husk; do
     mount -t tmpfs -o mode=0755 tmpfs "/newroot/$d" || fail "mount tmpfs on /$d"
 done
 chmod 1777 /newroot/tmp
+# Host paths the job needs that those tmpfs mounts would hide (a repo cloned under /tmp, say): bind them back
+# from the host's tree, read-only like the rest of it.
+if [ -f /mnt/job/binds ]; then
+    while read -r p; do
+        [ -n "$p" ] || continue
+        mkdir -p "/newroot$p" && mount --bind "/mnt/host$p" "/newroot$p" || fail "bind $p from the host"
+    done < /mnt/job/binds
+fi
 mkdir -p /newroot/run/husk-vm/job
 mount --move /mnt/job /newroot/run/husk-vm/job || fail "move the job share"
 cp /bin/busybox /init.stage2 /newroot/run/husk-vm/ || fail "copy stage 2"
