@@ -116,6 +116,6 @@ def test_vm_test_defaults_to_tests_vm(monkeypatch) -> None:
 def test_paths_under_the_guests_tmpfs_are_bound_back(monkeypatch) -> None:
     monkeypatch.syspath_prepend(str(TOP / "scripts" / "vm"))
     vm_test = load("vm_test", TOP / "scripts" / "vm-test")
-    got = vm_test.hidden_paths([Path("/tmp/ci/repo"), Path("/tmp/ci/repo/.venv"), Path("/work/repo"),
+    got = vm_test.hidden_paths([Path("/tmp/ci/repo"), Path("/tmp/ci/repo/.venv"), Path("/srv/repo"),
                                 Path("/run/x"), Path("/tmpfoo/y"), Path("/var/lib/husk/z")])
     assert got == ["/run/x", "/tmp/ci/repo", "/var/lib/husk/z"]

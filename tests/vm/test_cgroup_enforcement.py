@@ -96,7 +96,7 @@ def test_freeze_stops_every_process_and_thaw_resumes(workload, cgroup_version) -
 
 
 @pytest.mark.cgroup_v1_too
-def test_device_rules_refuse_opens_and_update_replaces_them(workload) -> None:
+def test_device_rules_refuse_opens_and_update_replaces_them(workload, tmp_path) -> None:
     rules = [
         {"allow": False, "access": "rwm"},
         {"allow": True, "type": "c", "major": 1, "minor": 5, "access": "rwm"},   # /dev/zero
@@ -108,8 +108,8 @@ def test_device_rules_refuse_opens_and_update_replaces_them(workload) -> None:
     assert w.call("open", "/dev/null", "w") == errno.EPERM
     assert w.call("open", "/dev/null", "rw") == errno.EPERM
     assert w.call("open", "/dev/full", "r") == errno.EPERM
-    assert w.call("mknod", "/tmp/husk-cgtest-null", "c", 1, 3) == errno.EPERM
-    assert w.call("mknod", "/tmp/husk-cgtest-zero", "c", 1, 5) == 0
+    assert w.call("mknod", str(tmp_path / "null"), "c", 1, 3) == errno.EPERM
+    assert w.call("mknod", str(tmp_path / "zero"), "c", 1, 5) == 0
 
     w.manager.set({"devices": rules + [{"allow": True, "type": "c", "major": 1, "minor": 3, "access": "w"}]})
     assert w.call("open", "/dev/null", "rw") == 0
