@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from .backend import StreamBackend
-from .remotecommand import OUTPUT_CHUNK, SessionConfig
+from .remotecommand import OUTPUT_CHUNK, SessionConfig, _stopping
 from .requests import PortForwardRequest
 from .spdy import frames as spdy_frames
 from .spdy.session import SpdySession, SpdyStream, StreamClosedError
@@ -233,7 +233,7 @@ async def serve_spdy(conn: ByteStream, request: PortForwardRequest, backend: Str
         await session.run()
     finally:
         await cancel_and_wait(*handler.tasks)
-        await session.shutdown(0 if session.ended.is_set() else cfg.shutdown_grace)
+        await session.shutdown(0 if session.ended.is_set() or _stopping() else cfg.shutdown_grace)
 
 
 # -- WebSocket channels ----------------------------------------------------------------------------------

@@ -191,6 +191,12 @@ def _status_bytes(proto: ChannelProtocol, status: st.Status) -> bytes:
     return status.to_json() if proto.json_status else status.to_text()
 
 
+def _stopping() -> bool:
+    """True while the current task is being cancelled (server stop): skip polite waits."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
 async def _set_when(source: asyncio.Event, target: asyncio.Event) -> None:
     await source.wait()
     target.set()
@@ -300,7 +306,7 @@ async def serve_spdy(conn: ByteStream, proto: ChannelProtocol, request: ExecRequ
             await _SpdyOutput(stream).close()
     finally:
         await cancel_and_wait(*helpers)
-        await session.shutdown(cfg.shutdown_grace)
+        await session.shutdown(0 if _stopping() else cfg.shutdown_grace)
         await cancel_and_wait(reader)
 
 

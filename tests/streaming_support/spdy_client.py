@@ -345,7 +345,7 @@ class ExecResult:
 
 
 async def spdy_exec(url: str, *, protocols: list[str] | None = None, stdin: bytes | None = None,
-                    stdout: bool = True, stderr: bool = True, tty: bool = False, close_stdin: bool = True,
+                    stdout: bool = True, stderr: bool = False, tty: bool = False, close_stdin: bool = True,
                     resizes: tuple[tuple[int, int], ...] = (), ssl: ssl_mod.SSLContext | None = None,
                     on_ready=None, **client_opts: bool) -> ExecResult:
     """Open the streams in client-go's order (error, stdin, stdout, stderr, resize), send stdin, read all."""
