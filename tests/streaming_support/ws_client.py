@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
+import os
 import json
 import ssl as ssl_mod
 import struct
@@ -113,3 +115,77 @@ async def ws_port_forward(url: str, protocol: str, payload: bytes, nports: int =
     finally:
         await ws.close()
     return {k: bytes(v) for k, v in got.items()}, ports
+
+
+class RawWsTunnel:
+    """A bare RFC 6455 client carrying SPDY, as client-go's tunneling dialer does (each write one binary
+    message). Hand-made because `websockets` refuses the subprotocol name "SPDY/3.1+portforward.k8s.io"
+    ("/" is not an HTTP token character); gorilla/websocket in client-go sends it regardless."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+        self.buf = bytearray()
+        self.closed = False
+
+    @classmethod
+    async def connect(cls, url: str, protocol: str) -> tuple["RawWsTunnel", str | None]:
+        from .spdy_client import http_request
+        key = base64.b64encode(os.urandom(16)).decode()
+        reply, reader, writer = await http_request(url, "GET", [
+            ("Upgrade", "websocket"), ("Connection", "Upgrade"), ("Sec-WebSocket-Version", "13"),
+            ("Sec-WebSocket-Key", key), ("Sec-WebSocket-Protocol", protocol)])
+        assert reply.status == 101, reply
+        expect = base64.b64encode(hashlib.sha1((key + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").encode()).digest())
+        assert reply.first("sec-websocket-accept") == expect.decode()
+        return cls(reader, writer), reply.first("sec-websocket-protocol")
+
+    async def _frame(self) -> tuple[int, bytes]:
+        b0, b1 = await self.reader.readexactly(2)
+        n = b1 & 0x7F
+        if n == 126:
+            n = struct.unpack("!H", await self.reader.readexactly(2))[0]
+        elif n == 127:
+            n = struct.unpack("!Q", await self.reader.readexactly(8))[0]
+        return b0 & 0x0F, await self.reader.readexactly(n)
+
+    async def readexactly(self, n: int) -> bytes:
+        while len(self.buf) < n:
+            op, payload = await self._frame()
+            if op == 0x8:
+                raise asyncio.IncompleteReadError(bytes(self.buf), n)
+            if op == 0x9:
+                self._send(0xA, payload)
+            elif op in (0x0, 0x2):
+                self.buf += payload
+        out = bytes(self.buf[:n])
+        del self.buf[:n]
+        return out
+
+    def _send(self, opcode: int, payload: bytes) -> None:
+        mask = os.urandom(4)
+        n = len(payload)
+        head = bytes([0x80 | opcode])
+        if n < 126:
+            head += bytes([0x80 | n])
+        elif n < 65536:
+            head += bytes([0x80 | 126]) + struct.pack("!H", n)
+        else:
+            head += bytes([0x80 | 127]) + struct.pack("!Q", n)
+        key = (mask * (n // 4 + 1))[:n]
+        masked = (int.from_bytes(payload, "big") ^ int.from_bytes(key, "big")).to_bytes(n, "big") if n else b""
+        self.writer.write(head + mask + masked)
+
+    def write(self, data: bytes) -> None:
+        self._send(0x2, data)
+
+    async def drain(self) -> None:
+        await self.writer.drain()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._send(0x8, struct.pack("!H", 1000))
+            self.writer.close()
+
+    async def wait_closed(self) -> None:
+        await self.writer.wait_closed()

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
 
 from ..transport import ByteStream, IdleWatchdog, InboundBuffer
@@ -147,8 +146,6 @@ class SpdySession:
         self._streams: dict[int, SpdyStream] = {}
         self._last_stream_id = 0
         self._high_water = inbound_high_water
-        self._next_ping_id = 2  # server-initiated pings are even
-        self._pings: dict[int, asyncio.Future[float]] = {}
         self.closed = False
         self.goaway_received = False
         self.goaway_sent = False
@@ -183,21 +180,6 @@ class SpdySession:
         except (ConnectionError, OSError) as exc:
             self.close()
             raise StreamClosedError(f"spdy connection lost: {exc}") from exc
-
-    async def ping(self) -> float:
-        """Round-trip time of a server PING, in seconds."""
-        ping_id = self._next_ping_id
-        self._next_ping_id = (self._next_ping_id + 2) & 0x7FFFFFFF or 2
-        fut: asyncio.Future[float] = asyncio.get_running_loop().create_future()
-        self._pings[ping_id] = fut
-        start = time.monotonic()
-        try:
-            self._send(f.encode_ping(ping_id))
-            await self._drain()
-            await fut
-        finally:
-            self._pings.pop(ping_id, None)
-        return time.monotonic() - start
 
     async def goaway(self, status: f.GoAwayStatus = f.GoAwayStatus.OK) -> None:
         """Tell the peer no more streams are accepted (last good id = the last stream seen)."""
@@ -296,12 +278,10 @@ class SpdySession:
                 log.debug("%s: stream %d reset by peer (status %d)", self.name, stream.id, frame.status)
                 stream._remote_reset()
         elif isinstance(frame, f.PingFrame):
-            if frame.ping_id % 2 == 1:  # peer-initiated: echo it back unchanged
+            # Client-initiated pings (odd ids; client-go sends one every few seconds on port-forward
+            # connections) are echoed unchanged. The server sends none, so an even id is stray.
+            if frame.ping_id % 2 == 1:
                 self._send(f.encode_ping(frame.ping_id))
-            else:
-                fut = self._pings.get(frame.ping_id)
-                if fut is not None and not fut.done():
-                    fut.set_result(time.monotonic())
         elif isinstance(frame, f.GoAwayFrame):
             log.debug("%s: GOAWAY from peer (last good %d, status %d)", self.name,
                       frame.last_good_stream_id, frame.status)
@@ -367,11 +347,13 @@ class SpdySession:
 
     def _forget(self, stream: SpdyStream) -> None:
         self._streams.pop(stream.id, None)
+        if self.goaway_received and not self._streams and not self.closed:
+            # The peer said GOAWAY and the last stream is done: nothing can happen any more. close()
+            # lets the transport flush what is queued before it closes.
+            log.debug("%s: last stream done after GOAWAY: closing", self.name)
+            self.close()
 
     def _finish_all(self) -> None:
         for stream in list(self._streams.values()):
             stream._remote_reset()
         self._streams.clear()
-        for fut in self._pings.values():
-            if not fut.done():
-                fut.set_exception(StreamClosedError("spdy session ended"))
