@@ -42,7 +42,8 @@ async def _make_socket(netns_path: str, family: int) -> socket.socket:
         try:
             sock = _socket_in_netns(netns_path, family)
         except BaseException as exc:  # handed to the awaiting coroutine, not lost in the thread
-            loop.call_soon_threadsafe(lambda: fut.done() or fut.set_exception(exc))
+            # Bound as a default: the name `exc` is unbound once this except block ends.
+            loop.call_soon_threadsafe(lambda e=exc: fut.done() or fut.set_exception(e))
         else:
             def deliver() -> None:
                 if fut.done():  # the caller was cancelled meanwhile
