@@ -140,3 +140,13 @@ def test_concurrent_ws_and_spdy_sessions():
                 return res.stdout
             assert await asyncio.gather(*(one(i) for i in range(20))) == [f"{i}\n".encode() for i in range(20)]
     run(main)
+
+
+def test_idle_websocket_is_closed():
+    async def main():
+        async with serving(stream_idle_timeout=0.2) as (srv, be):
+            ws = await ws_open(srv.get_exec_url(_exec("cat", stdin=True)), ["v4.channel.k8s.io"])
+            await ws.recv()  # ready
+            await ws.wait_closed()  # nothing happened for a while: the server hung up
+            await be.disconnect_seen.wait()
+    run(main)
