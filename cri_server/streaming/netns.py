@@ -42,8 +42,12 @@ async def _make_socket(netns_path: str, family: int) -> socket.socket:
         try:
             sock = _socket_in_netns(netns_path, family)
         except BaseException as exc:  # handed to the awaiting coroutine, not lost in the thread
-            # Bound as a default: the name `exc` is unbound once this except block ends.
-            loop.call_soon_threadsafe(lambda e=exc: fut.done() or fut.set_exception(e))
+            error = exc  # `exc` itself is unbound once this except block ends
+
+            def fail() -> None:
+                if not fut.done():
+                    fut.set_exception(error)
+            loop.call_soon_threadsafe(fail)
         else:
             def deliver() -> None:
                 if fut.done():  # the caller was cancelled meanwhile

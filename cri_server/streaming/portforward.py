@@ -12,6 +12,7 @@ import logging
 import struct
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from .backend import StreamBackend
 from .remotecommand import OUTPUT_CHUNK, SessionConfig, _stopping
@@ -279,7 +280,8 @@ async def serve_websocket(ws: WebSocketConnection, b64: bool, request: PortForwa
         if pair_tasks:
             # Either every forwarded connection ended, or the client went away first.
             all_pairs = asyncio.gather(*pair_tasks, return_exceptions=True)
-            await asyncio.wait([demux, all_pairs], return_when=asyncio.FIRST_COMPLETED)
+            waiters: set[asyncio.Future[Any]] = {demux, all_pairs}
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
         await ws.close(grace=cfg.shutdown_grace)
     except ConnectionError:
         pass

@@ -213,6 +213,9 @@ class StreamingServer:
             await self._backend.check(cached)
         except TargetNotFound as exc:
             raise HttpError(404, str(exc)) from exc
+        except Exception as exc:  # the backend's failure, reported to the client rather than dropped
+            log.warning("streaming %s request: backend check failed: %s", kind, exc)
+            raise HttpError(500, f"internal error: {exc}") from exc
         return kind, cached
 
     async def _serve_spdy(self, req: HttpRequest, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,

@@ -183,3 +183,14 @@ def test_tls_spdy_and_websocket(tls_files):
             url = srv.get_exec_url(ExecRequest("c1", ("echo", "tls"), stdout=True))
             assert (await ws_exec(url, ssl=client_ctx)).stdout == b"tls\n"
     run(main)
+
+
+def test_backend_check_failure_is_500():
+    async def main():
+        async with serving() as (srv, be):
+            async def broken(request):
+                raise RuntimeError("store unavailable")
+            be.check = broken  # type: ignore[method-assign]
+            reply = await _status(srv.get_exec_url(EXEC))
+            assert reply.status == 500 and b"store unavailable" in reply.body
+    run(main)
