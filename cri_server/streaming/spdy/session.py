@@ -194,7 +194,7 @@ class SpdySession:
 
         Closing a socket with unread input makes the kernel send RST, which can destroy data the
         peer has not read yet; waiting for the peer's EOF avoids that."""
-        if not self.closed:
+        if not self.closed and not self.ended.is_set():
             try:
                 await self.goaway()
                 if self._io.can_write_eof():
