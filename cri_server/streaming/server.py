@@ -32,7 +32,7 @@ CachedRequest = ExecRequest | AttachRequest | PortForwardRequest
 
 
 @dataclass(frozen=True)
-class StreamingConfig:
+class StreamingOptions:
     """Tunables; the defaults are kubelet's CRI streaming server's."""
 
     token_ttl: float = DEFAULT_TTL
@@ -77,11 +77,11 @@ class StreamingServer:
     the options of a session come from the cached request only, never from the query string."""
 
     def __init__(self, address: str | tuple[str, int], backend: StreamBackend, tls: ssl.SSLContext | None = None,
-                 config: StreamingConfig | None = None) -> None:
+                 options: StreamingOptions | None = None) -> None:
         self._host, self._port = parse_address(address)
         self._backend = backend
         self._tls = tls
-        self._cfg = config or StreamingConfig()
+        self._cfg = options or StreamingOptions()
         self._session_cfg = remotecommand.SessionConfig(
             stream_creation_timeout=self._cfg.stream_creation_timeout,
             idle_timeout=self._cfg.stream_idle_timeout,

@@ -8,7 +8,7 @@ import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
-from cri_server.streaming import StreamingConfig, StreamingServer
+from cri_server.streaming import StreamingOptions, StreamingServer
 
 from .backends import HostBackend
 
@@ -29,7 +29,7 @@ async def serving(backend: HostBackend | None = None, tls: ssl.SSLContext | None
                   **config: object) -> AsyncIterator[tuple[StreamingServer, HostBackend]]:
     be = backend or HostBackend()
     before = set(asyncio.all_tasks())
-    srv = StreamingServer(("127.0.0.1", 0), be, tls=tls, config=StreamingConfig(**config))  # type: ignore[arg-type]
+    srv = StreamingServer(("127.0.0.1", 0), be, tls=tls, options=StreamingOptions(**config))  # type: ignore[arg-type]
     await srv.start()
     try:
         yield srv, be
