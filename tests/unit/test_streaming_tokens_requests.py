@@ -89,3 +89,12 @@ def test_requests_from_cri_like_messages():
         PortForwardRequest("sb", (0,))
     with pytest.raises(InvalidStreamRequest):
         PortForwardRequest("", ())
+
+
+def test_package_imports_nothing_heavy():
+    import subprocess
+    import sys
+    code = ("import sys, cri_server.streaming, cri_server.streaming.netns; "
+            "print(sorted(m for m in ('grpc', 'google.protobuf', 'websockets', 'pyroute2', 'click') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
