@@ -132,3 +132,37 @@ class StreamBackend(Protocol):
     async def port_forward(self, sandbox_id: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         """A TCP connection to 127.0.0.1:port inside the sandbox's network namespace. Raise OSError
         (e.g. ConnectionRefusedError) when it cannot be made; the message goes to the client."""
+
+
+# -- helpers for backends: the two copy loops every exec/attach implementation needs ----------------------
+
+
+async def copy_output(source: asyncio.StreamReader, sink: OutputStream | None, chunk: int = 65536) -> None:
+    """Copy a process's output (a pipe, FIFO or socket reader) to the client until EOF.
+
+    With sink None (the client did not ask for this output) the data is still drained, so the
+    process never blocks on a full pipe."""
+    while data := await source.read(chunk):
+        if sink is not None:
+            await sink.write(data)
+
+
+async def copy_input(source: InputStream, dest: asyncio.StreamWriter, close: bool = True) -> None:
+    """Copy the client's stdin to the process until the client closes it; then close dest (the
+    process sees EOF) unless close is False (attach: the container's stdin stays open).
+
+    A process that exited and closed its stdin ends the copy quietly."""
+    try:
+        while data := await source.read():
+            dest.write(data)
+            await dest.drain()
+    except (BrokenPipeError, ConnectionResetError):
+        return
+    if close:
+        if dest.can_write_eof():
+            try:
+                dest.write_eof()
+                return
+            except OSError:
+                pass
+        dest.close()

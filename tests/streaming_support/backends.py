@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 
 from cri_server.streaming import AttachRequest, ExecRequest, PortForwardRequest, StreamIO, TargetNotFound, \
     TerminalSize
+from cri_server.streaming.backend import copy_input, copy_output
 
 
 def _set_winsize(fd: int, size: TerminalSize) -> None:
@@ -184,20 +185,11 @@ class HostBackend:
 
         async def feed() -> None:
             assert proc.stdin is not None and io.stdin is not None
-            try:
-                while data := await io.stdin.read():
-                    proc.stdin.write(data)
-                    await proc.stdin.drain()
-            except (BrokenPipeError, ConnectionResetError):
-                pass
-            finally:
-                proc.stdin.close()
+            await copy_input(io.stdin, proc.stdin)
 
         async def pump(src: asyncio.StreamReader | None, sink) -> None:
-            if src is None or sink is None:
-                return
-            while data := await src.read(65536):
-                await sink.write(data)
+            if src is not None:
+                await copy_output(src, sink)
 
         feeder = asyncio.create_task(feed()) if io.stdin else None
         pumps = [asyncio.create_task(pump(proc.stdout, io.stdout)), asyncio.create_task(pump(proc.stderr, io.stderr))]
@@ -277,11 +269,9 @@ class HostBackend:
 
         async def feed() -> None:
             assert io.stdin is not None and c.proc.stdin is not None
-            while data := await io.stdin.read():
-                c.proc.stdin.write(data)
-                await c.proc.stdin.drain()
             # Unlike exec, an attach session ending its stdin does not close the container's stdin
             # (kubelet's StdinOnce is the runtime's business, not the streaming server's).
+            await copy_input(io.stdin, c.proc.stdin, close=False)
 
         feeder = asyncio.create_task(feed()) if io.stdin else None
         waits = [asyncio.create_task(c.done.wait()), asyncio.create_task(io.client_gone.wait())]
