@@ -79,7 +79,9 @@ async def read_request(reader: asyncio.StreamReader, max_head: int = MAX_HEAD) -
             raise HttpError(400, f"malformed header line {line[:100]!r}")
         headers.append((name.lower(), value.strip()))
     split = urlsplit(target)
-    if not target.startswith("/"):
+    # Origin form ("/exec/x") as clients send it; absolute form ("http://host/exec/x") is accepted too,
+    # as Go's server does for requests that went through a forward proxy.
+    if not target.startswith("/") and not (split.scheme in ("http", "https") and split.path.startswith("/")):
         raise HttpError(400, f"request target must be a path, got {target[:100]!r}")
     return HttpRequest(method, target, split.path, split.query, version, tuple(headers))
 

@@ -101,11 +101,15 @@ def test_malformed_requests():
     async def main():
         async with serving(request_head_timeout=0.5) as (srv, be):
             for raw in (b"GARBAGE\r\n\r\n", b"GET /exec/x HTTP/1.1\r\nbad header\r\n\r\n",
-                        b"GET http://x/exec/y HTTP/1.1\r\n\r\n"):
+                        b"GET exec/y HTTP/1.1\r\n\r\n", b"GET /exec/x HTTP/2.0\r\n\r\n"):
                 r, w = await asyncio.open_connection("127.0.0.1", srv.port)
                 w.write(raw)
                 assert (await r.read()).startswith(b"HTTP/1.1 400 Bad Request\r\n")
                 w.close()
+            r, w = await asyncio.open_connection("127.0.0.1", srv.port)  # absolute form, unknown token
+            w.write(b"GET http://127.0.0.1/exec/AAAAAAAAAAA HTTP/1.1\r\n\r\n")
+            assert (await r.read()).startswith(b"HTTP/1.1 404 Not Found\r\n")
+            w.close()
             r, w = await asyncio.open_connection("127.0.0.1", srv.port)
             w.write(b"GET /exec/x HTTP/1.1\r\n" + b"X-Big: " + b"a" * 70000 + b"\r\n\r\n")
             assert (await r.read()).startswith(b"HTTP/1.1 431 ")
@@ -193,4 +197,14 @@ def test_backend_check_failure_is_500():
             be.check = broken  # type: ignore[method-assign]
             reply = await _status(srv.get_exec_url(EXEC))
             assert reply.status == 500 and b"store unavailable" in reply.body
+    run(main)
+
+
+def test_options_come_from_the_cached_request_not_the_query():
+    async def main():
+        async with serving() as (srv, be):
+            url = srv.get_exec_url(ExecRequest("c1", ("sh", "-c", "tty || echo no-tty"), stdout=True))
+            res = await spdy_exec(url + "?tty=1&stdin=1&stderr=1&command=evil")
+            assert res.stdout.endswith(b"no-tty\n")
+            assert [p.returncode for p in be.procs] == [0] and be.resizes == []
     run(main)
