@@ -1,0 +1,181 @@
+"""The long-lived shim process: subreaper, ttrpc server, task service, signal handling, clean exit.
+
+`serve(cfg)` runs in the current process until Shutdown (after Delete); `launch_fresh()` starts it in a
+new lean interpreter (`python -I -S`), detached, which is what `start` and `containerd-shim-husk-v2 start`
+use. The spawner (shim/spawner.py) calls serve() in a zygote-forked child instead.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+
+from shim.loop import Loop
+from shim.service import ShimConfig, TaskService
+
+log = logging.getLogger("husk-shim")
+
+_STATE_FILES_PREFIXES = ("exit", "attach", "runtime-log.json", "init.pid", "exec-", "console-", "runtime.json")
+
+
+def setup_logging(container_id: str, debug: bool) -> None:
+    logging.basicConfig(stream=sys.stderr, level=logging.DEBUG if debug else logging.INFO,
+                        format=f"%(asctime)s %(levelname)s husk-shim[{os.getpid()}] {container_id}: %(message)s")
+
+
+def serve(cfg: ShimConfig, listener: socket.socket | None = None, ready_fd: int = -1) -> int:
+    """Runs the shim for `cfg` until Shutdown; returns the process exit code."""
+    from runtime.linux import syscalls as sc
+    from shim.events import Publisher
+    from shim.pb import husk as huskpb, task as taskpb
+    from shim.ttrpc_server import Server, Service, listen_unix
+
+    sc.set_child_subreaper(True)
+    try:
+        sc.set_name("husk-shim")
+    except OSError:
+        pass
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    created_state_dir = not os.path.isdir(cfg.state_dir)
+    os.makedirs(cfg.state_dir, mode=0o711, exist_ok=True)
+    loop = Loop()
+    sock = listener if listener is not None else listen_unix(cfg.address)
+    publisher = Publisher(loop, cfg.ttrpc_address or None, cfg.namespace)
+    svc = TaskService(loop, cfg, publisher, on_shutdown=loop.stop)
+    server = Server(loop, sock, [
+        Service("containerd.task.v2.Task", taskpb.SERVICES["containerd.task.v2.Task"], svc),
+        Service("husk.shim.v1.Shim", huskpb.SERVICES["husk.shim.v1.Shim"], svc),
+    ], allowed_uids=cfg.allowed_uids)
+    loop.add_signal(signal.SIGCHLD, svc.reap)
+
+    def on_term() -> None:
+        if svc.init is not None and not svc.deleted and svc.init.exit is None:
+            # The shim is the container's parent: it does not leave while the container lives.
+            log.warning("SIGTERM ignored: container %s is still running", cfg.id)
+            return
+        loop.stop()
+
+    loop.add_signal(signal.SIGTERM, on_term)
+    loop.add_signal(signal.SIGINT, on_term)
+    svc.reap()
+    if cfg.write_address_file and cfg.bundle:
+        _write_atomic(os.path.join(cfg.bundle, "address"), f"unix://{cfg.address}")
+    if ready_fd >= 0:
+        os.write(ready_fd, f"{os.getpid()}\n".encode())
+        os.close(ready_fd)
+    log.info("serving on %s (runtime %s, state %s)", cfg.address, cfg.runtime, cfg.state_dir)
+    try:
+        loop.run()
+    finally:
+        svc.cleanup()
+        server.close()
+        try:
+            os.unlink(cfg.address)
+        except OSError:
+            pass
+        publisher.flush()
+        _remove_state(cfg.state_dir, remove_dir=created_state_dir)
+        loop.close()
+    log.info("shim exiting")
+    return 0
+
+
+def _remove_state(state_dir: str, remove_dir: bool) -> None:
+    try:
+        names = os.listdir(state_dir)
+    except OSError:
+        return
+    for name in names:
+        if name.startswith(_STATE_FILES_PREFIXES):
+            try:
+                os.unlink(os.path.join(state_dir, name))
+            except OSError:
+                pass
+    if remove_dir:
+        try:
+            os.rmdir(state_dir)
+        except OSError:
+            pass
+
+
+def _write_atomic(path: str, text: str) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.rename(tmp, path)
+
+
+# --- starting a detached shim in a fresh interpreter ---------------------------------------------
+_BOOT = (
+    "import json,sys;c=json.loads(sys.argv[1]);sys.path[:0]=c['path'];"
+    "from shim.daemon import boot;sys.exit(boot(c))"
+)
+
+
+def project_root() -> str:
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def launch_fresh(cfg: ShimConfig, listener: socket.socket, log_fd: int, debug: bool = False) -> int:
+    """Starts `serve(cfg)` in a new `python -I -S` process, detached (own session, parent gone).
+
+    The listening socket is inherited as fd 3, stdout/stderr go to `log_fd`. Returns the shim's pid
+    once it is serving (it has taken over the socket)."""
+    r, wfd = os.pipe2(os.O_CLOEXEC)
+    path = [project_root()] + [p for p in sys.path if p and p != project_root()]
+    conf = json.dumps({"cfg": _cfg_dict(cfg), "path": path, "debug": debug, "ready_fd": 4, "listen_fd": 3})
+    pid = os.fork()
+    if pid == 0:  # intermediate: new session, fork the shim, exit
+        try:
+            os.setsid()
+            if os.fork() != 0:
+                os._exit(0)
+            os.dup2(listener.fileno(), 3)
+            os.dup2(wfd, 4)
+            devnull = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(devnull, 0)
+            os.dup2(log_fd, 1)
+            os.dup2(log_fd, 2)
+            os.closerange(5, 1 << 16)
+            os.chdir(cfg.bundle or "/")
+            os.execv(sys.executable, [sys.executable, "-I", "-S", "-c", _BOOT, conf])
+        finally:
+            os._exit(127)
+    os.close(wfd)
+    os.waitpid(pid, 0)
+    data = b""
+    while True:
+        b = os.read(r, 64)
+        if not b:
+            break
+        data += b
+    os.close(r)
+    if not data.strip():
+        raise RuntimeError(f"shim for {cfg.id} exited before serving (see its log)")
+    return int(data.strip())
+
+
+def _cfg_dict(cfg: ShimConfig) -> dict:
+    from dataclasses import asdict
+    d = asdict(cfg)
+    if d["allowed_uids"] is not None:
+        d["allowed_uids"] = list(d["allowed_uids"])
+    return d
+
+
+def boot(conf: dict) -> int:
+    """Entry point inside the fresh interpreter (see _BOOT)."""
+    c = dict(conf["cfg"])
+    if c.get("allowed_uids") is not None:
+        c["allowed_uids"] = tuple(c["allowed_uids"])
+    cfg = ShimConfig(**c)
+    setup_logging(cfg.id, conf.get("debug", False))
+    os.set_inheritable(conf["listen_fd"], False)
+    listener = socket.socket(fileno=conf["listen_fd"])
+    os.set_inheritable(conf["ready_fd"], False)
+    return serve(cfg, listener=listener, ready_fd=conf["ready_fd"])

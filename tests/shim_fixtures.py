@@ -1,0 +1,155 @@
+"""Helpers for the shim's integration and e2e tests: busybox bundles, a running shim, cleanup.
+
+Everything gets a unique `hshim-` prefixed name; cleanup kills only processes these helpers started.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+
+BUSYBOX = "/usr/bin/busybox"
+APPLETS = ("sh", "cat", "echo", "sleep", "seq", "yes", "head", "true", "false", "ls", "kill", "printf",
+           "dd", "tr", "wc", "tail", "env", "id", "stty", "ps")
+TOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def unique(prefix: str = "hshim") -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def make_rootfs(path: str) -> None:
+    os.makedirs(os.path.join(path, "bin"), exist_ok=True)
+    for d in ("proc", "sys", "dev", "tmp", "etc"):
+        os.makedirs(os.path.join(path, d), exist_ok=True)
+    shutil.copy2(BUSYBOX, os.path.join(path, "bin", "busybox"))
+    for a in APPLETS:
+        os.symlink("busybox", os.path.join(path, "bin", a))
+
+
+def make_bundle(base: str, cid: str, args: list[str], terminal: bool = False, memory_limit: int = 0,
+                rootfs: bool = True) -> str:
+    bundle = os.path.join(base, cid)
+    os.makedirs(bundle)
+    if rootfs:
+        make_rootfs(os.path.join(bundle, "rootfs"))
+    else:
+        os.makedirs(os.path.join(bundle, "rootfs"))
+    subprocess.run(["runc", "spec", "-b", bundle], check=True)
+    with open(os.path.join(bundle, "config.json")) as f:
+        spec = json.load(f)
+    spec["process"]["args"] = args
+    spec["process"]["terminal"] = terminal
+    spec["process"]["env"] = ["PATH=/bin", "TERM=xterm"]
+    spec["root"]["readonly"] = False
+    spec["linux"]["cgroupsPath"] = f"/hshim-test/{cid}"
+    spec["hostname"] = cid[:60]
+    if memory_limit:
+        spec["linux"].setdefault("resources", {})["memory"] = {"limit": memory_limit, "swap": memory_limit}
+    with open(os.path.join(bundle, "config.json"), "w") as f:
+        json.dump(spec, f)
+    return bundle
+
+
+@dataclass
+class RunningShim:
+    cid: str
+    address: str
+    state_dir: str
+    runtime: str
+    runtime_root: str
+    proc: subprocess.Popen
+    log_path: str
+    extra_cleanup: list = field(default_factory=list)
+
+    def client(self, **kw):
+        from shim.client import TaskClient
+        return TaskClient(self.address, **kw)
+
+    def log(self) -> str:
+        try:
+            with open(self.log_path) as f:
+                return f.read()
+        except OSError:
+            return ""
+
+
+def start_shim(tmp: str, runtime: str, cid: str | None = None, ttrpc_address: str = "",
+               env: dict | None = None) -> RunningShim:
+    cid = cid or unique()
+    state_dir = os.path.join(tmp, f"state-{cid}")
+    address = os.path.join(tmp, f"{cid}.sock")
+    root = os.path.join(tmp, "runtime-root")
+    log_path = os.path.join(tmp, f"{cid}-shim.log")
+    args = [sys.executable, "-m", "shim.main", "serve", "--id", cid, "--address", address,
+            "--state-dir", state_dir, "--runtime", runtime, "--runtime-root", root, "--debug"]
+    if ttrpc_address:
+        args += ["--ttrpc-address", ttrpc_address]
+    logf = open(log_path, "ab")
+    proc = subprocess.Popen(args, stdout=logf, stderr=logf, stdin=subprocess.DEVNULL, cwd=TOP,
+                            env={**os.environ, **(env or {})}, start_new_session=True)
+    logf.close()
+    deadline = time.monotonic() + 20
+    while not os.path.exists(address):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"shim did not start: {open(log_path).read()}")
+        time.sleep(0.02)
+    return RunningShim(cid, address, state_dir, runtime, root, proc, log_path)
+
+
+def runtime_binary(runtime: str) -> str:
+    if runtime == "husk":
+        return shutil.which("husk") or os.path.join(os.path.dirname(sys.executable), "husk")
+    return runtime
+
+
+def cleanup_shim(s: RunningShim) -> None:
+    """Force-removes the container (whatever state it is in), then ends the shim by its pid."""
+    binary = runtime_binary(s.runtime)
+    subprocess.run([binary, "--root", s.runtime_root, "delete", "--force", s.cid],
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if s.proc.poll() is None:
+        s.proc.send_signal(signal.SIGKILL)
+    s.proc.wait(10)
+    for fn in s.extra_cleanup:
+        fn()
+    remove_cgroup(f"/hshim-test/{s.cid}")
+
+
+def remove_cgroup(rel: str) -> None:
+    base = "/sys/fs/cgroup"
+    for ctrl in os.listdir(base):
+        d = os.path.join(base, ctrl, rel.lstrip("/"))
+        if os.path.isdir(d):
+            for target in (d, os.path.dirname(d)):
+                try:
+                    os.rmdir(target)
+                except OSError:
+                    pass
+
+
+def wait_for(pred, timeout: float = 20.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        v = pred()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def runtimes_available() -> list[str]:
+    out = ["runc"]
+    try:
+        import runtime.lifecycle  # noqa: F401
+        out.append("husk")
+    except ImportError:
+        pass
+    return out
