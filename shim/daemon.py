@@ -135,12 +135,12 @@ def launch_fresh(cfg: ShimConfig, listener: socket.socket, log_fd: int, debug: b
             os.setsid()
             if os.fork() != 0:
                 os._exit(0)
-            os.dup2(listener.fileno(), 3)
-            os.dup2(wfd, 4)
-            devnull = os.open(os.devnull, os.O_RDONLY)
-            os.dup2(devnull, 0)
-            os.dup2(log_fd, 1)
-            os.dup2(log_fd, 2)
+            # Move every source above the targets first: any of them may itself be fd 0-4.
+            import fcntl
+            srcs = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10)
+                    for fd in (os.open(os.devnull, os.O_RDONLY), log_fd, log_fd, listener.fileno(), wfd)]
+            for target, src in enumerate(srcs):
+                os.dup2(src, target)
             os.closerange(5, 1 << 16)
             os.chdir(cfg.bundle or "/")
             os.execv(sys.executable, [sys.executable, "-I", "-S", "-c", _BOOT, conf])
@@ -155,9 +155,10 @@ def launch_fresh(cfg: ShimConfig, listener: socket.socket, log_fd: int, debug: b
             break
         data += b
     os.close(r)
-    if not data.strip():
+    text = data.strip()
+    if not text.isdigit():
         raise RuntimeError(f"shim for {cfg.id} exited before serving (see its log)")
-    return int(data.strip())
+    return int(text)
 
 
 def _cfg_dict(cfg: ShimConfig) -> dict:

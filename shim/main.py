@@ -108,9 +108,15 @@ def containerd_start(flags: dict[str, str]) -> int:
     listener = listen_unix(cfg.address)
     log_fd = _open_shim_log(bundle)
     os.set_blocking(log_fd, True)
-    launch_fresh(cfg, listener, log_fd, debug=flags.get("debug") == "true")
-    listener.close()
-    os.close(log_fd)
+    try:
+        launch_fresh(cfg, listener, log_fd, debug=flags.get("debug") == "true")
+    except (OSError, RuntimeError, ValueError) as err:
+        os.unlink(cfg.address)
+        sys.stderr.write(f"containerd-shim-husk-v2 start {cfg.id}: {err}\n")
+        return 1
+    finally:
+        listener.close()
+        os.close(log_fd)
     sys.stdout.write(f"unix://{cfg.address}")
     sys.stdout.flush()
     return 0

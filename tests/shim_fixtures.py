@@ -153,3 +153,58 @@ def runtimes_available() -> list[str]:
     except ImportError:
         pass
     return out
+
+
+# --- a tiny OCI image (static busybox) for containerd e2e tests ------------------------------------
+def build_busybox_oci_archive(out_path: str, ref: str) -> None:
+    """Writes an OCI image layout tar (one layer: static busybox + applet links) that `ctr images import`
+    takes; `ref` becomes the image name through the io.containerd.image.name annotation."""
+    import gzip
+    import hashlib
+    import io
+    import tarfile
+
+    def blob(data: bytes) -> tuple[str, bytes]:
+        return "sha256:" + hashlib.sha256(data).hexdigest(), data
+
+    layer_raw = io.BytesIO()
+    with tarfile.open(fileobj=layer_raw, mode="w", format=tarfile.PAX_FORMAT) as tf:
+        for d in ("bin", "proc", "sys", "dev", "tmp", "etc"):
+            ti = tarfile.TarInfo(d)
+            ti.type, ti.mode, ti.mtime = tarfile.DIRTYPE, 0o755, 0
+            tf.addfile(ti)
+        with open(BUSYBOX, "rb") as f:
+            data = f.read()
+        ti = tarfile.TarInfo("bin/busybox")
+        ti.size, ti.mode, ti.mtime = len(data), 0o755, 0
+        tf.addfile(ti, io.BytesIO(data))
+        for a in APPLETS:
+            ti = tarfile.TarInfo(f"bin/{a}")
+            ti.type, ti.linkname, ti.mode, ti.mtime = tarfile.SYMTYPE, "busybox", 0o777, 0
+            tf.addfile(ti)
+    diff_id = "sha256:" + hashlib.sha256(layer_raw.getvalue()).hexdigest()
+    layer_digest, layer = blob(gzip.compress(layer_raw.getvalue(), mtime=0))
+    config = json.dumps({"architecture": "amd64", "os": "linux",
+                         "config": {"Env": ["PATH=/bin"], "Cmd": ["sh"]},
+                         "rootfs": {"type": "layers", "diff_ids": [diff_id]}}).encode()
+    config_digest, _ = blob(config)
+    manifest = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                           "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                                      "digest": config_digest, "size": len(config)},
+                           "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+                                       "digest": layer_digest, "size": len(layer)}]}).encode()
+    manifest_digest, _ = blob(manifest)
+    index = json.dumps({"schemaVersion": 2, "manifests": [{
+        "mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": manifest_digest,
+        "size": len(manifest), "platform": {"architecture": "amd64", "os": "linux"},
+        "annotations": {"io.containerd.image.name": ref,
+                        "org.opencontainers.image.ref.name": ref.rsplit(":", 1)[-1]}}]}).encode()
+    with tarfile.open(out_path, "w") as tf:
+        def add(name: str, data: bytes) -> None:
+            ti = tarfile.TarInfo(name)
+            ti.size, ti.mode, ti.mtime = len(data), 0o644, 0
+            tf.addfile(ti, io.BytesIO(data))
+        add("oci-layout", b'{"imageLayoutVersion":"1.0.0"}')
+        add("index.json", index)
+        for digest, data in ((layer_digest, layer), (config_digest, config), (manifest_digest, manifest)):
+            add(f"blobs/sha256/{digest.split(':')[1]}", data)
