@@ -202,6 +202,7 @@ class InProcessRuntime:
                 os.close(err_r)
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                 signal.set_wakeup_fd(-1)
+                _keep_logging_off_container_stdio()
                 os.dup2(stdio.stdin, 0)
                 os.dup2(stdio.stdout, 1)
                 os.dup2(stdio.stderr, 2)
@@ -209,20 +210,21 @@ class InProcessRuntime:
                 code = 0
             except BaseException as e:  # report anything to the parent, then exit
                 try:
-                    os.write(err_w, f"{type(e).__name__}\0{e}".encode()[:65536])
+                    os.write(err_w, f"{type(e).__name__}\0{e}".encode()[:32768])  # fits the pipe
                 except OSError:
                     pass
             finally:
                 os._exit(code)
         os.close(err_w)
-        chunks = []
-        while True:
-            b = os.read(err_r, 65536)
-            if not b:
-                break
-            chunks.append(b)
-        os.close(err_r)
+        # Wait for the child, not for EOF: the container's init inherits the pipe until it execs.
         _, status = os.waitpid(pid, 0)
+        os.set_blocking(err_r, False)
+        chunks = []
+        try:
+            chunks.append(os.read(err_r, 65536))
+        except BlockingIOError:
+            pass
+        os.close(err_r)
         if os.waitstatus_to_exitcode(status) != 0:
             kind, _, msg = b"".join(chunks).decode(errors="replace").partition("\0")
             raise RuntimeFailure(op, container_id, msg or f"{op} child exited with status {status}",
@@ -264,10 +266,23 @@ class InProcessRuntime:
         return self._call("state", container_id, self.lc.state, self.opts.root, container_id)
 
     def ps(self, container_id: str) -> list[int]:
-        fn = getattr(self.lc, "ps", None)
+        fn = getattr(self.lc, "processes", None) or getattr(self.lc, "ps", None)
         if fn is None:
             raise RuntimeFailure("ps", container_id, "not provided by the in-process runtime")
         return [int(p) for p in self._call("ps", container_id, fn, self.opts.root, container_id)]
+
+
+def _keep_logging_off_container_stdio() -> None:
+    """In the forked child: fds 0-2 are about to become the container's; the runtime's log records and
+    tracebacks must keep going to the shim's log instead."""
+    import fcntl
+    saved = fcntl.fcntl(2, fcntl.F_DUPFD_CLOEXEC, 10)
+    stream = open(saved, "w", closefd=False, buffering=1)
+    import sys
+    sys.stderr = stream
+    for h in logging.getLogger().handlers:
+        if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler):
+            h.setStream(stream)
 
 
 def make_driver(runtime: str, opts: RuntimeOptions, log_path: str) -> RuntimeDriver:

@@ -103,17 +103,14 @@ def start_shim(tmp: str, runtime: str, cid: str | None = None, ttrpc_address: st
     return RunningShim(cid, address, state_dir, runtime, root, proc, log_path)
 
 
-def runtime_binary(runtime: str) -> str:
-    if runtime == "husk":
-        return shutil.which("husk") or os.path.join(os.path.dirname(sys.executable), "husk")
-    return runtime
-
-
 def cleanup_shim(s: RunningShim) -> None:
     """Force-removes the container (whatever state it is in), then ends the shim by its pid."""
-    binary = runtime_binary(s.runtime)
-    subprocess.run([binary, "--root", s.runtime_root, "delete", "--force", s.cid],
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if s.runtime == "husk":
+        subprocess.run([sys.executable, "-c", "import sys, runtime.lifecycle as l; l.delete(sys.argv[1], sys.argv[2], force=True)",
+                        s.runtime_root, s.cid], cwd=TOP, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    else:
+        subprocess.run([s.runtime, "--root", s.runtime_root, "delete", "--force", s.cid],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     if s.proc.poll() is None:
         s.proc.send_signal(signal.SIGKILL)
     s.proc.wait(10)
