@@ -7,22 +7,22 @@ the stdlib, and the shim has no libc binding for it).
 """
 from __future__ import annotations
 
-import logging
 import os
-from dataclasses import dataclass, field
 
 from shim.pb import cgroups_v1
+from shim.record import Record
+from shim.log import get as get_logger
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 CGROUP_ROOT = "/sys/fs/cgroup"
 USER_HZ = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-@dataclass
-class CgroupPaths:
-    v1: dict[str, str] = field(default_factory=dict)   # controller -> directory
-    v2: str | None = None                              # unified directory, if it has controllers
+class CgroupPaths(Record):
+    """v1: controller -> directory; v2: the unified directory, if it has controllers."""
+    __slots__ = ("v1", "v2")
+    FIELDS = (("v1", {}), ("v2", None))
 
     def dir_for(self, controller: str) -> str | None:
         if controller in self.v1:

@@ -12,28 +12,13 @@ from typing import Any
 
 from shim import ttrpc_wire as w
 from shim.pb import husk as huskpb
-from shim.pb import rpc_status, task as taskpb, ttrpc
+from shim.pb import task as taskpb
 from shim.protobuf import Message, lookup
+from shim.ttrpc_call import call_once, make_request, read_result  # noqa: F401 (call_once re-exported)
 from shim.unixpath import connect_unix, socket_path
 
 TASK_SERVICE = "containerd.task.v2.Task"
 HUSK_SERVICE = "husk.shim.v1.Shim"
-
-
-def _request(service: str, method: str, req: Message, timeout: float | None,
-             metadata: dict[str, str] | None) -> bytes:
-    r = ttrpc.Request(service=service, method=method, payload=req.encode(),
-                      timeout_nano=int(timeout * 1e9) if timeout else 0,
-                      metadata=[ttrpc.KeyValue(key=k, value=v) for k, v in (metadata or {}).items()])
-    return r.encode()
-
-
-def _result(payload: bytes, resp_type: type[Message]) -> Message:
-    resp = ttrpc.Response.decode(payload)
-    st: rpc_status.Status | None = resp.status
-    if st is not None and st.code != w.OK:
-        raise w.TtrpcError(st.code, st.message)
-    return resp_type.decode(resp.payload)
 
 
 class _Waiter:
@@ -72,7 +57,7 @@ class TtrpcClient:
         md = dict(metadata or {})
         if self.namespace:
             md.setdefault(w.NAMESPACE_KEY, self.namespace)
-        body = _request(service, method, req, timeout, md)
+        body = make_request(service, method, req, timeout, md)
         waiter = _Waiter()
         with self._lock:
             if self._closed is not None:
@@ -92,7 +77,7 @@ class TtrpcClient:
         if waiter.error is not None:
             raise ConnectionError(f"{service}/{method}: {waiter.error}")
         assert waiter.payload is not None
-        return _result(waiter.payload, resp_type)
+        return read_result(waiter.payload, resp_type)
 
     def _read_loop(self) -> None:
         reader = w.FrameReader()
@@ -136,29 +121,6 @@ class TtrpcClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def call_once(address: str, service: str, method: str, req: Message, resp_type: type[Message],
-              timeout: float = 5.0, metadata: dict[str, str] | None = None) -> Any:
-    """One blocking call on a fresh connection, no threads (the shim's event publisher uses this)."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    sock.settimeout(timeout)
-    try:
-        connect_unix(sock, socket_path(address))
-        sock.sendall(w.frame(1, w.TYPE_REQUEST, _request(service, method, req, timeout, metadata)))
-        reader = w.FrameReader()
-        while True:
-            data = sock.recv(65536)
-            if not data:
-                raise ConnectionError(f"{service}/{method}: connection closed before the answer")
-            reader.feed(data)
-            for sid, mtype, _flags, payload in reader.frames():
-                if sid == 1 and mtype == w.TYPE_RESPONSE:
-                    if payload is None:
-                        raise w.TtrpcError(w.RESOURCE_EXHAUSTED, "response too large")
-                    return _result(payload, resp_type)
-    finally:
-        sock.close()
 
 
 class TaskClient:
@@ -234,7 +196,7 @@ class AsyncTtrpcClient:
         self._next += 2
         fut = asyncio.get_running_loop().create_future()
         self._futures[sid] = fut
-        self._writer.write(w.frame(sid, w.TYPE_REQUEST, _request(service, method, req, timeout, md)))
+        self._writer.write(w.frame(sid, w.TYPE_REQUEST, make_request(service, method, req, timeout, md)))
         await self._writer.drain()
         try:
             payload = await asyncio.wait_for(fut, timeout)
@@ -242,7 +204,7 @@ class AsyncTtrpcClient:
             raise w.TtrpcError(w.DEADLINE_EXCEEDED, f"{service}/{method}: no answer in {timeout}s") from None
         finally:
             self._futures.pop(sid, None)
-        return _result(payload, resp_type)
+        return read_result(payload, resp_type)
 
     async def task(self, method: str, timeout: float | None = 60.0, **fields: Any) -> Any:
         """A containerd.task.v2.Task call by method name with the request's fields as keywords."""

@@ -6,11 +6,11 @@ so records of the two streams never interleave inside a line.
 """
 from __future__ import annotations
 
-import logging
 import os
 import time
+from shim.log import get as get_logger
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 MAX_LINE = 16 * 1024      # containerd's default max_container_log_line_size
 STREAMS = ("stdout", "stderr")

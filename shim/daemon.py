@@ -6,24 +6,23 @@ use. The spawner (shim/spawner.py) calls serve() in a zygote-forked child instea
 """
 from __future__ import annotations
 
-import json
-import logging
 import os
 import signal
 import socket
 import sys
 
+from shim.log import get as get_logger
 from shim.loop import Loop
 from shim.service import ShimConfig, TaskService
 
-log = logging.getLogger("husk-shim")
+log = get_logger("husk-shim")
 
 _STATE_FILES_PREFIXES = ("exit", "attach", "runtime-log.json", "init.pid", "exec-", "console-", "runtime.json")
 
 
 def setup_logging(container_id: str, debug: bool) -> None:
-    logging.basicConfig(stream=sys.stderr, level=logging.DEBUG if debug else logging.INFO,
-                        format=f"%(asctime)s %(levelname)s husk-shim[{os.getpid()}] {container_id}: %(message)s")
+    from shim.log import setup
+    setup(container_id, debug)
 
 
 def serve(cfg: ShimConfig, listener: socket.socket | None = None, ready_fd: int = -1) -> int:
@@ -111,9 +110,10 @@ def _write_atomic(path: str, text: str) -> None:
 
 
 # --- starting a detached shim in a fresh interpreter ---------------------------------------------
+# argv after -c: path entries joined by os.pathsep, "debug" 0/1, then ShimConfig.to_argv() items.
 _BOOT = (
-    "import json,sys;c=json.loads(sys.argv[1]);sys.path[:0]=c['path'];"
-    "from shim.daemon import boot;sys.exit(boot(c))"
+    "import os,sys;sys.path[:0]=sys.argv[1].split(os.pathsep);"
+    "from shim.daemon import boot;sys.exit(boot(sys.argv[2:]))"
 )
 
 
@@ -128,7 +128,7 @@ def launch_fresh(cfg: ShimConfig, listener: socket.socket, log_fd: int, debug: b
     once it is serving (it has taken over the socket)."""
     r, wfd = os.pipe2(os.O_CLOEXEC)
     path = [project_root()] + [p for p in sys.path if p and p != project_root()]
-    conf = json.dumps({"cfg": _cfg_dict(cfg), "path": path, "debug": debug, "ready_fd": 4, "listen_fd": 3})
+    argv = [os.pathsep.join(path), "1" if debug else "0"] + cfg.to_argv()
     pid = os.fork()
     if pid == 0:  # intermediate: new session, fork the shim, exit
         try:
@@ -143,7 +143,7 @@ def launch_fresh(cfg: ShimConfig, listener: socket.socket, log_fd: int, debug: b
                 os.dup2(src, target)
             os.closerange(5, 1 << 16)
             os.chdir(cfg.bundle or "/")
-            os.execv(sys.executable, [sys.executable, "-I", "-S", "-c", _BOOT, conf])
+            os.execv(sys.executable, [sys.executable, "-I", "-S", "-c", _BOOT] + argv)
         finally:
             os._exit(127)
     os.close(wfd)
@@ -161,22 +161,10 @@ def launch_fresh(cfg: ShimConfig, listener: socket.socket, log_fd: int, debug: b
     return int(text)
 
 
-def _cfg_dict(cfg: ShimConfig) -> dict:
-    from dataclasses import asdict
-    d = asdict(cfg)
-    if d["allowed_uids"] is not None:
-        d["allowed_uids"] = list(d["allowed_uids"])
-    return d
-
-
-def boot(conf: dict) -> int:
-    """Entry point inside the fresh interpreter (see _BOOT)."""
-    c = dict(conf["cfg"])
-    if c.get("allowed_uids") is not None:
-        c["allowed_uids"] = tuple(c["allowed_uids"])
-    cfg = ShimConfig(**c)
-    setup_logging(cfg.id, conf.get("debug", False))
-    os.set_inheritable(conf["listen_fd"], False)
-    listener = socket.socket(fileno=conf["listen_fd"])
-    os.set_inheritable(conf["ready_fd"], False)
-    return serve(cfg, listener=listener, ready_fd=conf["ready_fd"])
+def boot(argv: list[str]) -> int:
+    """Entry point inside the fresh interpreter (see _BOOT): fd 3 is the listener, fd 4 the ready pipe."""
+    cfg = ShimConfig.from_argv(argv[1:])
+    setup_logging(cfg.id, argv[0] == "1")
+    os.set_inheritable(3, False)
+    os.set_inheritable(4, False)
+    return serve(cfg, listener=socket.socket(fileno=3), ready_fd=4)

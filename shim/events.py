@@ -6,18 +6,18 @@ answers Forward at once), so no thread is needed. Without an address, events are
 """
 from __future__ import annotations
 
-import logging
 import time
 from collections import deque
 
 from shim import ttrpc_wire as w
-from shim.client import call_once
+from shim.ttrpc_call import call_once
 from shim.loop import Loop
 from shim.pb import events as ev
 from shim.pb import events_service, google, types
 from shim.protobuf import Message
+from shim.log import get as get_logger
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 TOPICS = {
     ev.TaskCreate: "/tasks/create",

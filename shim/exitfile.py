@@ -1,32 +1,29 @@
-"""Durable exit records: one small JSON file per process in the shim's state dir, written atomically.
+"""Durable exit records: one small text file per process in the shim's state dir, written atomically.
 
 A client that reconnects after its own crash (or `containerd-shim-husk-v2 delete` after the shim's) reads
 the exit status and time from here. Stdlib only.
 """
 from __future__ import annotations
 
-import json
 import os
-from dataclasses import dataclass
+
+from shim.record import REQUIRED, Record
 
 
-@dataclass(frozen=True)
-class ExitRecord:
-    pid: int
-    exit_status: int
-    exited_at_ns: int
-    oom_killed: bool = False
+class ExitRecord(Record):
+    __slots__ = ("pid", "exit_status", "exited_at_ns", "oom_killed")
+    FIELDS = (("pid", REQUIRED), ("exit_status", REQUIRED), ("exited_at_ns", REQUIRED), ("oom_killed", False))
 
 
 def path_for(state_dir: str, exec_id: str) -> str:
-    return os.path.join(state_dir, f"exit-{exec_id}.json" if exec_id else "exit.json")
+    return os.path.join(state_dir, f"exit-{exec_id}" if exec_id else "exit")
 
 
 def write(state_dir: str, exec_id: str, rec: ExitRecord) -> None:
     target = path_for(state_dir, exec_id)
     tmp = f"{target}.tmp"
-    data = json.dumps({"pid": rec.pid, "exit_status": rec.exit_status, "exited_at_ns": rec.exited_at_ns,
-                       "oom_killed": rec.oom_killed}).encode()
+    # One text line "pid exit_status exited_at_ns oom_killed": no json import in the shim.
+    data = f"{rec.pid} {rec.exit_status} {rec.exited_at_ns} {1 if rec.oom_killed else 0}\n".encode()
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     try:
         os.write(fd, data)
@@ -39,12 +36,10 @@ def write(state_dir: str, exec_id: str, rec: ExitRecord) -> None:
 def read(state_dir: str, exec_id: str = "") -> ExitRecord | None:
     try:
         with open(path_for(state_dir, exec_id), "rb") as f:
-            d = json.loads(f.read())
-    except FileNotFoundError:
+            pid, status, at, oom = f.read().split()
+        return ExitRecord(int(pid), int(status), int(at), oom == b"1")
+    except (OSError, ValueError):
         return None
-    except (ValueError, OSError):
-        return None
-    return ExitRecord(int(d["pid"]), int(d["exit_status"]), int(d["exited_at_ns"]), bool(d.get("oom_killed")))
 
 
 def remove(state_dir: str, exec_id: str = "") -> None:

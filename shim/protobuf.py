@@ -6,7 +6,6 @@ cheap to import: the shim loads it on every start (no google.protobuf, see DESIG
 from __future__ import annotations
 
 import struct
-from typing import Any, ClassVar
 
 # Field kinds. Scalars that share a wire encoding share a code path below.
 STRING = "string"
@@ -64,9 +63,9 @@ class Message:
     """Base of generated messages: attributes named like the proto fields, proto3 defaults."""
 
     __slots__ = ()
-    FULL_NAME: ClassVar[str] = ""
-    FIELDS: ClassVar[tuple[Field, ...]] = ()
-    _BY_NUMBER: ClassVar[dict[int, Field]] = {}
+    FULL_NAME = ""
+    FIELDS: tuple = ()
+    _BY_NUMBER: dict = {}
 
     def __init_subclass__(cls, **kw: Any) -> None:
         super().__init_subclass__(**kw)

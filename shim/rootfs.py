@@ -5,12 +5,12 @@ everything else about the rootfs is the runtime's.
 """
 from __future__ import annotations
 
-import logging
 import os
 
 from runtime.linux import syscalls as sc
+from shim.log import get as get_logger
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 _FLAGS = {
     "ro": (sc.MS_RDONLY, True), "rw": (sc.MS_RDONLY, False),

@@ -6,18 +6,18 @@ the (subreaper) shim. Neither reaps anything but the helper processes it starts 
 """
 from __future__ import annotations
 
-import json
-import logging
 import os
-import shutil
 import signal
-import tempfile
-from dataclasses import dataclass
-from typing import Any, Protocol
 
+from shim.record import REQUIRED, Record
 from shim.stdio import ChildStdio
 
-log = logging.getLogger(__name__)
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+from shim.log import get as get_logger
+
+log = get_logger(__name__)
 
 
 class RuntimeFailure(Exception):
@@ -31,16 +31,15 @@ class RuntimeFailure(Exception):
         self.not_found = not_found
 
 
-@dataclass(frozen=True)
-class RuntimeOptions:
-    root: str
-    no_pivot: bool = False
-    no_new_keyring: bool = False
-    systemd_cgroup: bool = False
+class RuntimeOptions(Record):
+    __slots__ = ("root", "no_pivot", "no_new_keyring", "systemd_cgroup")
+    FIELDS = (("root", REQUIRED), ("no_pivot", False), ("no_new_keyring", False), ("systemd_cgroup", False))
 
 
-class RuntimeDriver(Protocol):
-    name: str
+class RuntimeDriver:
+    """The interface both drivers implement (documentation and isinstance checks; no typing.Protocol,
+    which would import typing in every shim)."""
+    name = ""
 
     def create(self, container_id: str, bundle: str, stdio: ChildStdio, pid_file: str) -> int: ...
     def start(self, container_id: str) -> None: ...
@@ -64,11 +63,11 @@ def _not_found(text: str) -> bool:
     return "does not exist" in t or "container not found" in t
 
 
-class BinaryRuntime:
+class BinaryRuntime(RuntimeDriver):
     """A runc-compatible command line: `<binary> --root R --log L --log-format json <verb> ...`."""
 
     def __init__(self, binary: str, opts: RuntimeOptions, log_path: str) -> None:
-        resolved = binary if os.path.isabs(binary) else shutil.which(binary)
+        resolved = binary if os.path.isabs(binary) else _which(binary)
         if not resolved or not os.access(resolved, os.X_OK):
             raise RuntimeFailure("init", "", f"runtime binary {binary!r} not found or not executable")
         self.binary = resolved
@@ -145,7 +144,9 @@ class BinaryRuntime:
         self._run("delete", container_id, ["delete"] + (["--force"] if force else []) + [container_id])
 
     def exec(self, container_id: str, process: dict[str, Any], stdio: ChildStdio, pid_file: str) -> int:
-        fd, spec_path = tempfile.mkstemp(prefix="exec-", suffix=".json", dir=os.path.dirname(pid_file))
+        import json
+        spec_path = pid_file + ".process.json"
+        fd = os.open(spec_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         try:
             with os.fdopen(fd, "w") as f:
                 json.dump(process, f)
@@ -164,18 +165,21 @@ class BinaryRuntime:
         self._run("resume", container_id, ["resume", container_id])
 
     def update(self, container_id: str, resources: dict[str, Any]) -> None:
+        import json
         self._run("update", container_id, ["update", "--resources", "-", container_id],
                   input_data=json.dumps(resources).encode())
 
     def state(self, container_id: str) -> dict[str, Any]:
+        import json
         return json.loads(self._run("state", container_id, ["state", container_id]))
 
     def ps(self, container_id: str) -> list[int]:
+        import json
         out = self._run("ps", container_id, ["ps", "--format", "json", container_id])
         return [int(p) for p in (json.loads(out or b"[]") or [])]
 
 
-class InProcessRuntime:
+class InProcessRuntime(RuntimeDriver):
     """husk's runtime called in-process: create/exec run in a forked child (they set up the container's
     stdio as fds 0-2 and may join namespaces); the other verbs are plain function calls."""
 
@@ -280,9 +284,11 @@ def _keep_logging_off_container_stdio() -> None:
     stream = open(saved, "w", closefd=False, buffering=1)
     import sys
     sys.stderr = stream
-    for h in logging.getLogger().handlers:
-        if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler):
-            h.setStream(stream)
+    logging = sys.modules.get("logging")     # only if the runtime uses the stdlib logger
+    if logging is not None:
+        for h in logging.getLogger().handlers:
+            if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler):
+                h.setStream(stream)
 
 
 def make_driver(runtime: str, opts: RuntimeOptions, log_path: str) -> RuntimeDriver:
@@ -311,6 +317,14 @@ def _child_env() -> dict[str, str]:
     return env
 
 
+def _which(name: str) -> str | None:
+    for d in os.environ.get("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin").split(":"):
+        p = os.path.join(d or ".", name)
+        if os.path.isfile(p) and os.access(p, os.X_OK):
+            return p
+    return None
+
+
 def _log_size(path: str) -> int:
     try:
         return os.stat(path).st_size
@@ -320,6 +334,7 @@ def _log_size(path: str) -> int:
 
 def _last_log_error(path: str, offset: int) -> str:
     """The last error message runc-style runtimes wrote to their JSON --log since `offset`."""
+    import json
     try:
         with open(path, "rb") as f:
             f.seek(offset)

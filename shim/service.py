@@ -5,14 +5,13 @@ events. It runs on the shim's single-threaded loop: handlers may block only on t
 """
 from __future__ import annotations
 
-import json
-import logging
 import os
-import re
 import signal
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable
 
 from shim import cgroup_watch, exitfile
 from shim import ttrpc_wire as w
@@ -21,46 +20,71 @@ from shim.events import Publisher, ts_from_ns
 from shim.loop import Loop
 from shim.pb import events as ev
 from shim.pb import google, husk as huskpb, runc_options, task as taskpb, task_types
-from shim.rootfs import mount_rootfs, unmount_rootfs
+from shim.record import REQUIRED, Record
 from shim.runtime_driver import RuntimeDriver, RuntimeFailure, RuntimeOptions, make_driver
 from shim.stdio import ProcessIO
 from shim.ttrpc_server import PENDING, CallContext
+from shim.log import get as get_logger
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 VERSION = "husk-shim 0.1.0"
-_EXEC_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+_EXEC_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
+
+
+def valid_exec_id(exec_id: str) -> bool:
+    """1-128 of [A-Za-z0-9_.-], not starting with . or - (it names files in the state dir)."""
+    return 0 < len(exec_id) <= 128 and exec_id[0] not in ".-" and set(exec_id) <= _EXEC_ID_CHARS
 S = task_types.Status
 
 
-@dataclass
-class ShimConfig:
-    """Everything a shim instance needs; the CLI, containerd's `start` and the spawner all build one."""
-    id: str                          # the container id this shim serves
-    address: str                     # socket path the shim listens on
-    state_dir: str                   # the shim's own files: exit records, attach sockets, pid files, logs
-    namespace: str = "default"
-    runtime: str = "runc"            # "husk" (in-process) or a runc-compatible binary
-    runtime_root: str = "/run/husk/runtime"
-    ttrpc_address: str = ""          # containerd's ttrpc socket for events ("" = no events)
-    bundle: str = ""
-    allowed_uids: tuple[int, ...] | None = None
-    write_address_file: bool = False  # containerd mode: <bundle>/address
+class ShimConfig(Record):
+    """Everything a shim instance needs; the CLI, containerd's `start` and the spawner all build one.
+
+    id: the container id this shim serves; address: the socket path it listens on; state_dir: its own
+    files (exit records, attach sockets, pid files); runtime: "husk" (in-process) or a runc-compatible
+    binary; ttrpc_address: containerd's ttrpc socket for events ("" = none); allowed_uids: peers allowed
+    to connect (None = anyone); write_address_file: containerd mode, writes <bundle>/address.
+    """
+    __slots__ = ("id", "address", "state_dir", "namespace", "runtime", "runtime_root", "ttrpc_address",
+                 "bundle", "allowed_uids", "write_address_file")
+    FIELDS = (("id", REQUIRED), ("address", REQUIRED), ("state_dir", REQUIRED), ("namespace", "default"),
+              ("runtime", "runc"), ("runtime_root", "/run/husk/runtime"), ("ttrpc_address", ""),
+              ("bundle", ""), ("allowed_uids", None), ("write_address_file", False))
+
+    def to_argv(self) -> list[str]:
+        """name=value strings (the fresh-interpreter launcher passes the config without json)."""
+        out = []
+        for name, _ in self.FIELDS:
+            v = getattr(self, name)
+            if name == "allowed_uids":
+                v = "-" if v is None else ",".join(str(u) for u in v)
+            elif isinstance(v, bool):
+                v = "1" if v else "0"
+            out.append(f"{name}={v}")
+        return out
+
+    @classmethod
+    def from_argv(cls, argv: list[str]) -> "ShimConfig":
+        kw: dict[str, object] = {}
+        for item in argv:
+            name, _, v = item.partition("=")
+            if name == "allowed_uids":
+                kw[name] = None if v == "-" else tuple(int(u) for u in v.split(",") if u)
+            elif name == "write_address_file":
+                kw[name] = v == "1"
+            else:
+                kw[name] = v
+        return cls(**kw)
 
 
-@dataclass
-class Proc:
-    exec_id: str                      # "" for the init process
-    io: ProcessIO
-    stdin: str = ""
-    stdout: str = ""
-    stderr: str = ""
-    terminal: bool = False
-    spec: dict[str, Any] | None = None
-    pid: int = 0
-    status: int = S.CREATED
-    exit: exitfile.ExitRecord | None = None
-    waiters: list[CallContext] = field(default_factory=list)
+class Proc(Record):
+    """One process of the task: the init (exec_id "") or an exec."""
+    __slots__ = ("exec_id", "io", "stdin", "stdout", "stderr", "terminal", "spec", "pid", "status", "exit",
+                 "waiters")
+    FIELDS = (("exec_id", REQUIRED), ("io", REQUIRED), ("stdin", ""), ("stdout", ""), ("stderr", ""),
+              ("terminal", False), ("spec", None), ("pid", 0), ("status", S.CREATED), ("exit", None),
+              ("waiters", []))
 
 
 class TaskService:
@@ -124,6 +148,7 @@ class TaskService:
         os.makedirs(root, mode=0o711, exist_ok=True)
         self.bundle = req.bundle
         if req.rootfs:
+            from shim.rootfs import mount_rootfs   # ctypes: only when containerd passes mounts
             try:
                 self.rootfs_mounted = mount_rootfs(req.bundle, list(req.rootfs))
             except (OSError, ValueError) as err:
@@ -163,6 +188,7 @@ class TaskService:
 
     def _undo_create(self) -> None:
         if self.rootfs_mounted:
+            from shim.rootfs import unmount_rootfs
             unmount_rootfs(self.rootfs_mounted)
             self.rootfs_mounted = ""
         if self.crilog is not None:
@@ -238,7 +264,7 @@ class TaskService:
     # --- Exec ----------------------------------------------------------------------------
     def Exec(self, ctx: CallContext, req: taskpb.ExecProcessRequest) -> google.Empty:
         self._proc(req.id, "")
-        if not _EXEC_ID.match(req.exec_id):
+        if not valid_exec_id(req.exec_id):
             raise w.TtrpcError(w.INVALID_ARGUMENT, f"exec id {req.exec_id!r}: want 1-128 of [A-Za-z0-9_.-]")
         if req.exec_id in self.execs:
             raise w.TtrpcError(w.ALREADY_EXISTS, f"exec {req.exec_id!r} already exists")
@@ -246,6 +272,7 @@ class TaskService:
             raise w.TtrpcError(w.FAILED_PRECONDITION, f"container {req.id!r} is not running")
         if req.spec is None or not req.spec.value:
             raise w.TtrpcError(w.INVALID_ARGUMENT, "exec: spec (the OCI process as JSON) is required")
+        import json
         try:
             spec = json.loads(req.spec.value)
             if not isinstance(spec, dict):
@@ -373,6 +400,7 @@ class TaskService:
         assert self.driver is not None
         if req.resources is None or not req.resources.value:
             raise w.TtrpcError(w.INVALID_ARGUMENT, "update: resources (OCI LinuxResources JSON) are required")
+        import json
         try:
             resources = json.loads(req.resources.value)
         except ValueError as err:
@@ -518,6 +546,7 @@ class TaskService:
             self.crilog.close()
             self.crilog = None
         if self.rootfs_mounted:
+            from shim.rootfs import unmount_rootfs
             unmount_rootfs(self.rootfs_mounted)
             self.rootfs_mounted = ""
         self.deleted = True
@@ -566,4 +595,5 @@ class TaskService:
         if self.crilog is not None:
             self.crilog.close()
         if self.rootfs_mounted and self.deleted:
+            from shim.rootfs import unmount_rootfs
             unmount_rootfs(self.rootfs_mounted)

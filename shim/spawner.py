@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import gc
 import json
-import logging
 import os
 import signal
 import socket
 import threading
-from dataclasses import asdict, dataclass
 
+from shim.log import get as get_logger
+from shim.record import REQUIRED, Record
 from shim.service import ShimConfig
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 MAX_MSG = 1 << 16
 
 
@@ -27,10 +27,10 @@ class SpawnError(Exception):
     """The zygote could not start a shim; the text says why."""
 
 
-@dataclass(frozen=True)
-class Spawned:
-    pid: int
-    address: str
+class Spawned(Record):
+    """The shim's pid and its ttrpc address (unix://...)."""
+    __slots__ = ("pid", "address")
+    FIELDS = (("pid", REQUIRED), ("address", REQUIRED))
 
 
 class Spawner:
@@ -62,7 +62,7 @@ class Spawner:
     def spawn(self, cfg: ShimConfig, log_path: str = "", debug: bool = False, timeout: float = 30.0) -> Spawned:
         if self._sock is None:
             raise SpawnError("spawner not started")
-        d = asdict(cfg)
+        d = cfg.as_dict()
         if d["allowed_uids"] is not None:
             d["allowed_uids"] = list(d["allowed_uids"])
         req = json.dumps({"cfg": d, "log_path": log_path, "debug": debug}).encode()
@@ -175,7 +175,7 @@ def _spawn_one(req: dict, chan: socket.socket) -> dict:
             setup_logging(cfg.id, bool(req.get("debug")))
             code = serve(cfg, listener=listener, ready_fd=4)
         except BaseException:
-            logging.getLogger("husk-shim").exception("shim failed")
+            get_logger("husk-shim").exception("shim failed")
             code = 1
         finally:
             os._exit(code)

@@ -5,19 +5,17 @@ let bad input end the process: every malformed frame or failing handler becomes 
 """
 from __future__ import annotations
 
-import logging
 import os
 import socket
 import struct
-from dataclasses import dataclass, field
-from typing import Any, Callable
 
 from shim import ttrpc_wire as w
 from shim.loop import Loop
 from shim.pb import rpc_status, ttrpc
 from shim.protobuf import DecodeError, Message, lookup
+from shim.log import get as get_logger
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 # Bound on bytes queued for one client that does not read its responses; past it the connection is closed.
 MAX_WRITE_BUFFER = 16 << 20
@@ -34,15 +32,19 @@ class Pending:
 PENDING = Pending()
 
 
-@dataclass
 class CallContext:
-    conn: "_Conn"
-    stream_id: int
-    service: str
-    method: str
-    resp_type: type[Message]
-    metadata: dict[str, str] = field(default_factory=dict)
-    done: bool = False
+    """One call in flight: answer it with reply() or fail(), now or later."""
+    __slots__ = ("conn", "stream_id", "service", "method", "resp_type", "metadata", "done")
+
+    def __init__(self, conn: "_Conn", stream_id: int, service: str, method: str, resp_type: type[Message],
+                 metadata: dict[str, str]) -> None:
+        self.conn = conn
+        self.stream_id = stream_id
+        self.service = service
+        self.method = method
+        self.resp_type = resp_type
+        self.metadata = metadata
+        self.done = False
 
     @property
     def namespace(self) -> str:
@@ -67,7 +69,6 @@ class CallContext:
         self.conn.send_response(self.stream_id, b"", rpc_status.Status(code=code, message=message))
 
 
-Handler = Callable[[CallContext, Any], Any]
 
 
 class Service:
@@ -75,7 +76,7 @@ class Service:
 
     def __init__(self, name: str, methods: dict[str, tuple[str, str]], impl: object) -> None:
         self.name = name
-        self.methods: dict[str, tuple[type[Message], type[Message], Handler]] = {}
+        self.methods: dict[str, tuple[type[Message], type[Message], object]] = {}
         for mname, (req, resp) in methods.items():
             handler = getattr(impl, mname, None)
             if handler is None:
@@ -93,7 +94,7 @@ class Server:
         # containerd's shims accept only their own uid (and root); None disables the check (tests).
         self.allowed_uids = allowed_uids
         self.conns: set[_Conn] = set()
-        self.on_disconnect: Callable[[], None] | None = None
+        self.on_disconnect = None
         loop.add_reader(sock.fileno(), self._accept)
 
     def _accept(self) -> None:
@@ -124,7 +125,7 @@ class Server:
         for c in list(self.conns):
             c.close()
 
-    def dispatch(self, ctx: CallContext, req: Any, handler: Handler) -> None:
+    def dispatch(self, ctx: CallContext, req: Message, handler) -> None:
         try:
             result = handler(ctx, req)
         except w.TtrpcError as err:
