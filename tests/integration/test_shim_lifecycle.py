@@ -247,3 +247,58 @@ def test_terminal_and_resize(tmp_path, shim):
         assert status == 5
         assert c.Wait(id=shim.cid, timeout=30).exit_status == 5
         c.Delete(id=shim.cid)
+
+
+def test_exec_with_terminal(tmp_path, shim):
+    bundle = make_bundle(str(tmp_path), shim.cid, ["sleep", "1000"])
+    with shim.client() as c:
+        c.Create(id=shim.cid, bundle=bundle)
+        c.Start(id=shim.cid)
+        c.Exec(id=shim.cid, exec_id="tty", terminal=True, stdin="attach:", stdout="attach:",
+               spec=proc_spec(["sh"], terminal=True))
+        a = AttachClient(c.AttachInfo(id=shim.cid, exec_id="tty").path)
+        c.Start(id=shim.cid, exec_id="tty")
+        a.resize(100, 30)
+        a.write_stdin(b"stty size; tty; exit 2\n")
+        out, _, status = a.read_all()
+        assert b"30 100" in out and b"/dev/pts/" in out, out
+        assert status == 2
+        assert c.Wait(id=shim.cid, exec_id="tty", timeout=30).exit_status == 2
+        c.Kill(id=shim.cid, signal=9)
+        c.Wait(id=shim.cid, timeout=30)
+        c.Delete(id=shim.cid)
+
+
+def test_shutdown_now_with_live_task(tmp_path, shim):
+    bundle = make_bundle(str(tmp_path), shim.cid, ["sleep", "1000"])
+    with shim.client() as c:
+        c.Create(id=shim.cid, bundle=bundle)
+        c.Start(id=shim.cid)
+        c.Shutdown(id=shim.cid, now=True)
+    shim.proc.wait(10)
+    assert shim.proc.returncode == 0
+
+
+def test_containerd_delete_subcommand_after_dead_shim(tmp_path, shim):
+    """The shim is SIGKILLed with its container running: `containerd-shim-husk-v2 delete` cleans up."""
+    import subprocess
+    import sys
+
+    from shim.pb import task as taskpb
+    from tests.shim_fixtures import TOP
+    bundle = make_bundle(str(tmp_path), shim.cid, ["sleep", "1000"])
+    with shim.client() as c:
+        pid = c.Create(id=shim.cid, bundle=bundle).pid
+        c.Start(id=shim.cid)
+    shim.proc.kill()
+    shim.proc.wait(10)
+    with open(os.path.join(bundle, "runtime.json"), "w") as f:
+        json.dump({"runtime": "runc" if shim.runtime == "runc" else shim.runtime, "runtime_root": shim.runtime_root}, f)
+    r = subprocess.run([sys.executable, "-c", "import sys; from shim.main import containerd_main; "
+                        "sys.exit(containerd_main())", "-namespace", "default", "-id", shim.cid,
+                        "-bundle", bundle, "delete"], capture_output=True, cwd=TOP, timeout=60)
+    assert r.returncode == 0, r.stderr
+    resp = taskpb.DeleteResponse.decode(r.stdout)
+    assert resp.exit_status == 137 and resp.exited_at.seconds > 0
+    wait_for(lambda: not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z",
+             10, "container gone")
