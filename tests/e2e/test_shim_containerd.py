@@ -184,3 +184,24 @@ def test_ctr_metrics_and_pause(containerd):
     assert _task_status(containerd, cid) == "PAUSED"
     containerd.ctr("task", "resume", cid)
     assert _task_status(containerd, cid) == "RUNNING"
+
+
+def test_dead_shim_is_cleaned_up_by_containerd(containerd):
+    """SIGKILL the shim: containerd notices, runs `containerd-shim-husk-v2 delete` and marks the task gone."""
+    cid = unique()
+    containerd.started.append(cid)
+    containerd.ctr("run", "-d", "--runtime", RUNTIME, REF, cid, "sleep", "1000")
+    wait_for(lambda: _task_status(containerd, cid) == "RUNNING", 30, "task running")
+    pid = int([l.split()[1] for l in containerd.ctr("task", "ls").stdout.decode().splitlines()
+               if l.startswith(cid)][0])
+    with open(f"/proc/{pid}/stat") as f:
+        shim_pid = int(f.read().rsplit(")", 1)[1].split()[1])
+    with open(f"/proc/{shim_pid}/comm") as f:
+        assert f.read().strip() == "husk-shim"
+    os.kill(shim_pid, signal.SIGKILL)
+    wait_for(lambda: _task_status(containerd, cid) in ("", "STOPPED"), 30, "task cleaned up")
+    wait_for(lambda: not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z",
+             30, "container killed")
+    containerd.ctr("task", "delete", cid, check=False)
+    containerd.ctr("container", "delete", cid)
+    containerd.started.remove(cid)
