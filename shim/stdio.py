@@ -61,6 +61,7 @@ class _Sink:
         self.io = io
         self.path = path
         self.buf = bytearray()
+        self.finishing = False
         if kind == "file":
             parent = os.path.dirname(path)
             if parent:
@@ -108,17 +109,26 @@ class _Sink:
                 break
             del self.buf[:n]
         self.io.loop.remove_writer(self.fd)
+        if self.finishing:
+            self.close()
+            return
         self.io.resume_reading()
 
+    def finish(self) -> None:
+        """End of the stream: close once everything buffered reached the reader (which sees EOF after it)."""
+        if self.buf:
+            self.finishing = True
+            self.io._finishing.append(self)
+        else:
+            self.close()
+
     def close(self) -> None:
+        """Closes now; bytes the reader never took are dropped (only when the process is deleted)."""
         if self.fd < 0:
             return
         if self.buf:
-            # Last chance: write what the reader has room for, the rest is dropped with a warning.
-            try:
-                os.write(self.fd, self.buf)
-            except OSError:
-                log.warning("%s: stdio %s: %d bytes undelivered", self.io.label, self.path, len(self.buf))
+            log.warning("%s: stdio %s: %d bytes undelivered", self.io.label, self.path, len(self.buf))
+            self.buf.clear()
         self.io.loop.remove(self.fd)
         os.close(self.fd)
         self.fd = -1
@@ -142,6 +152,7 @@ class ProcessIO:
         self._stdin_closing = False
         self._out: dict[str, int] = {}  # stream -> fd the shim reads
         self._sinks: dict[str, list[_Sink]] = {"stdout": [], "stderr": []}
+        self._finishing: list[_Sink] = []  # ended streams whose fifo still has buffered output
         self._stdin_source = -1         # the stdin fifo the shim reads
         self._paused = False
         self._console_sock: socket.socket | None = None
@@ -284,7 +295,7 @@ class ProcessIO:
     def drain(self) -> None:
         """Reads everything already written to the output pipes (the process just exited)."""
         for stream in list(self._out):
-            for _ in range(4096):       # bounded: a live grandchild may keep writing
+            for _ in range(64):         # bounded: a live grandchild may keep writing
                 fd = self._out.get(stream)
                 if fd is None:
                     break
@@ -310,7 +321,7 @@ class ProcessIO:
             if fd != self._master:
                 os.close(fd)
         for sink in self._sinks[stream]:
-            sink.close()
+            sink.finish()
         self._sinks[stream] = []
         if not self._out and self.on_all_closed is not None:
             self.on_all_closed()
@@ -414,6 +425,9 @@ class ProcessIO:
         for sinks in self._sinks.values():
             for s in sinks:
                 s.close()
+        for s in self._finishing:
+            s.close()
+        self._finishing = []
         if self._stdin_source >= 0:
             self.loop.remove(self._stdin_source)
             os.close(self._stdin_source)
