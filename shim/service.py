@@ -516,7 +516,12 @@ class TaskService:
             p.io.close()
             del self.execs[p.exec_id]
             exitfile.remove(self.cfg.state_dir, p.exec_id)
-            ex = p.exit or exitfile.ExitRecord(p.pid, 0, time.time_ns())
+            if p.exit is None:
+                # Never started: its waiters must not wait forever.
+                p.exit = exitfile.ExitRecord(p.pid, 0, time.time_ns())
+                p.status = S.STOPPED
+                self._wake(p)
+            ex = p.exit
             self.events.publish(ev.TaskDelete(container_id=self.cfg.id, pid=p.pid, exit_status=ex.exit_status,
                                               exited_at=ts_from_ns(ex.exited_at_ns), id=p.exec_id))
             return taskpb.DeleteResponse(pid=p.pid, exit_status=ex.exit_status, exited_at=ts_from_ns(ex.exited_at_ns))

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.shim_fixtures import build_busybox_oci_archive, unique, wait_for
+from tests.shim_fixtures import build_busybox_oci_archive, runtimes_available, unique, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root]
 REF = "docker.io/library/hshim-busybox:latest"
@@ -81,32 +81,31 @@ def _tail(path: str, n: int = 40) -> str:
 
 
 def _shim_bin_dir(tmp: str) -> str:
-    """A directory with containerd-shim-husk-v2 (the installed console script, or a launcher)."""
-    found = shutil.which("containerd-shim-husk-v2") or os.path.join(os.path.dirname(sys.executable),
-                                                                    "containerd-shim-husk-v2")
-    if os.path.exists(found):
-        return os.path.dirname(found)
+    """A directory with a containerd-shim-husk-v2 launcher for the checkout under test (`python -IS`, the
+    checkout first on sys.path): the installed console script may point at another tree."""
     d = os.path.join(tmp, "bin")
     os.makedirs(d, exist_ok=True)
     top = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    path = [top] + [p for p in sys.path if p and p != top]
     with open(os.path.join(d, "containerd-shim-husk-v2"), "w") as f:
-        f.write(f"#!{sys.executable}\nimport sys; sys.path.insert(0, {top!r})\n"
+        f.write(f"#!{sys.executable} -IS\nimport sys; sys.path[:0] = {path!r}\n"
                 "from shim.main import containerd_main; sys.exit(containerd_main())\n")
     os.chmod(os.path.join(d, "containerd-shim-husk-v2"), 0o755)
     return d
 
 
-@pytest.fixture
-def containerd(tmp_path):
+@pytest.fixture(params=runtimes_available())
+def containerd(tmp_path, request):
+    """A private containerd whose husk shims drive `request.param` (runc, or husk in-process)."""
     base = f"/tmp/{unique('hshim-ctd')}"
     os.makedirs(base)
     env = {**os.environ, "PATH": f"{_shim_bin_dir(base)}:{os.environ.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}",
-           "HUSK_SHIM_RUNTIME": "runc"}
+           "HUSK_SHIM_RUNTIME": request.param}
     c = Containerd(base, env)
     c.start()
     archive = os.path.join(base, "busybox.tar")
     build_busybox_oci_archive(archive, REF)
-    c.ctr("images", "import", "--no-unpack" if False else "--all-platforms", archive)
+    c.ctr("images", "import", "--all-platforms", archive)
     started: list[str] = []
     c.started = started
     yield c
