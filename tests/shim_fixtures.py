@@ -96,11 +96,23 @@ def start_shim(tmp: str, runtime: str, cid: str | None = None, ttrpc_address: st
                             env={**os.environ, **(env or {})}, start_new_session=True)
     logf.close()
     deadline = time.monotonic() + 20
-    while not os.path.exists(address):
+    while not _connectable(address):      # the file exists from bind(), connections work after listen()
         if proc.poll() is not None or time.monotonic() > deadline:
             raise RuntimeError(f"shim did not start: {open(log_path).read()}")
         time.sleep(0.02)
     return RunningShim(cid, address, state_dir, runtime, root, proc, log_path)
+
+
+def _connectable(path: str) -> bool:
+    import socket
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
 
 
 def cleanup_shim(s: RunningShim) -> None:
