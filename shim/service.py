@@ -163,6 +163,7 @@ class TaskService:
             self._undo_create()
             raise w.TtrpcError(w.INVALID_ARGUMENT, f"stdio: {err}") from err
         pid_file = os.path.join(self.cfg.state_dir, "init.pid")
+        since = time.time_ns()
         try:
             pid = self.driver.create(self.cfg.id, req.bundle, io.child, pid_file)
         except RuntimeFailure as err:
@@ -183,7 +184,7 @@ class TaskService:
         self.events.publish(ev.TaskCreate(container_id=self.cfg.id, bundle=req.bundle, rootfs=list(req.rootfs),
                                           io=ev.TaskIO(stdin=req.stdin, stdout=req.stdout, stderr=req.stderr,
                                                        terminal=req.terminal), pid=pid))
-        self._claim(proc)
+        self._claim(proc, since)
         return taskpb.CreateTaskResponse(pid=pid)
 
     def _undo_create(self) -> None:
@@ -239,6 +240,7 @@ class TaskService:
         if self.init is None or self.init.status not in (S.RUNNING, S.PAUSED):
             raise w.TtrpcError(w.FAILED_PRECONDITION, f"{self._name(p)}: container is not running")
         pid_file = os.path.join(self.cfg.state_dir, f"exec-{p.exec_id}.pid")
+        since = time.time_ns()
         try:
             p.pid = self.driver.exec(self.cfg.id, p.spec or {}, p.io.child, pid_file)
         except RuntimeFailure as err:
@@ -255,7 +257,7 @@ class TaskService:
         p.io.started()
         p.status = S.RUNNING
         self.events.publish(ev.TaskExecStarted(container_id=self.cfg.id, exec_id=p.exec_id, pid=p.pid))
-        self._claim(p)
+        self._claim(p, since)
         return taskpb.StartResponse(pid=p.pid)
 
     def _name(self, p: Proc) -> str:
@@ -441,10 +443,11 @@ class TaskService:
                 ctx.reply(resp)
         p.waiters.clear()
 
-    def _claim(self, p: Proc) -> None:
-        """A process whose exit was reaped before we knew its pid."""
+    def _claim(self, p: Proc, since_ns: int) -> None:
+        """A process whose exit was reaped before we knew its pid (only exits reaped after its runtime
+        call began count: an older entry is another process that had the same pid)."""
         early = self.unclaimed.pop(p.pid, None)
-        if early is not None:
+        if early is not None and early[1] >= since_ns:
             self._exited(p, early[0], early[1])
 
     def reap(self) -> None:
