@@ -173,7 +173,15 @@ class TaskService:
         try:
             io.started()
         except OSError as err:
-            log.error("%s: stdio after create: %s", self.cfg.id, err)
+            # e.g. the runtime never sent the console: the container cannot be used, remove it.
+            io.abandon()
+            try:
+                self.driver.delete(self.cfg.id, force=True)
+            except RuntimeFailure as derr:
+                log.error("%s: removing the container after a stdio failure: %s", self.cfg.id, derr)
+            self.reap()
+            self._undo_create()
+            raise w.TtrpcError(w.UNKNOWN, f"create {self.cfg.id}: stdio: {err}") from err
         proc = Proc("", io, req.stdin, req.stdout, req.stderr, req.terminal, pid=pid)
         self.init = proc
         try:
@@ -254,7 +262,15 @@ class TaskService:
                 os.unlink(pid_file)
             except FileNotFoundError:
                 pass
-        p.io.started()
+        try:
+            p.io.started()
+        except OSError as err:
+            log.error("%s: stdio after exec: %s", self._name(p), err)
+            try:
+                os.kill(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.io.abandon()
         p.status = S.RUNNING
         self.events.publish(ev.TaskExecStarted(container_id=self.cfg.id, exec_id=p.exec_id, pid=p.pid))
         self._claim(p, since)
