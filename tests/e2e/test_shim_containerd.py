@@ -178,7 +178,7 @@ def test_ctr_metrics_and_pause(containerd):
     containerd.ctr("run", "-d", "--runtime", RUNTIME, REF, cid, "sleep", "1000")
     wait_for(lambda: _task_status(containerd, cid) == "RUNNING", 30, "task running")
     m = containerd.ctr("task", "metrics", cid).stdout.decode()
-    assert "memory.usage_in_bytes" in m or "memory" in m
+    assert "memory.usage_in_bytes" in m and "cpuacct.usage" in m and "pids.current" in m, m
     containerd.ctr("task", "pause", cid)
     assert _task_status(containerd, cid) == "PAUSED"
     containerd.ctr("task", "resume", cid)

@@ -63,3 +63,26 @@ def test_100k_lines_two_streams_with_rotation(tmp_path, shim):
         assert len(got) == N, (stream, len(got))
         assert got == want, stream
     assert partial["stdout"] == b"last-no-newline" and partial["stderr"] == b""
+
+
+def test_stdin_once_and_attach_with_cri_log(tmp_path, shim):
+    """husk-cri's options: CRI log written by the shim, stdin through attach, closed when the client leaves."""
+    from shim.attach import AttachClient
+    bundle = make_bundle(str(tmp_path), shim.cid, ["sh", "-c", "cat; echo bye >&2"])
+    log = str(tmp_path / "c.log")
+    opts = huskpb.CreateOptions(log_path=log, stdin_once=True)
+    with shim.client() as c:
+        c.Create(id=shim.cid, bundle=bundle, stdin="attach:",
+                 options=google.Any(type_url=opts.FULL_NAME, value=opts.encode()))
+        a = AttachClient(c.AttachInfo(id=shim.cid).path)
+        c.Start(id=shim.cid)
+        a.write_stdin(b"hello\nworld")
+        # the client sees the container's output too (fan-out next to the log)
+        kind, data = a.read()
+        assert data.startswith(b"hello")
+        a.close()                                  # first client detaches: stdin closes, cat ends
+        assert c.Wait(id=shim.cid, timeout=30).exit_status == 0
+        c.Delete(id=shim.cid)
+    lines, partial = parse([log])
+    assert lines["stdout"] == [b"hello"] and partial["stdout"] == b"world"
+    assert lines["stderr"] == [b"bye"]
