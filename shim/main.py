@@ -131,6 +131,15 @@ def containerd_delete(flags: dict[str, str]) -> int:
     bundle = flags.get("bundle") or os.getcwd()
     cid = flags.get("id", "")
     ns = flags.get("namespace") or "default"
+    # The dead shim could not remove its socket. First: the runtime's delete below may be slow (it waits
+    # for the killed init to be reaped) and containerd gives this command a few seconds only.
+    try:
+        with open(os.path.join(bundle, "address")) as f:
+            sock = f.read().strip()
+        if sock.startswith("unix://") and not _can_connect(sock[len("unix://"):]):
+            os.unlink(sock[len("unix://"):])
+    except OSError:
+        pass
     runtime, root = _runtime_choice(), os.path.join("/run/containerd/husk", ns)
     try:
         with open(os.path.join(bundle, "runtime.json")) as f:

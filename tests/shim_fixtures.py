@@ -132,15 +132,15 @@ def cleanup_shim(s: RunningShim) -> None:
 
 
 def remove_cgroup(rel: str) -> None:
+    """Removes the container's cgroup (if the runtime left it) and its parent once empty, in every hierarchy."""
     base = "/sys/fs/cgroup"
     for ctrl in os.listdir(base):
         d = os.path.join(base, ctrl, rel.lstrip("/"))
-        if os.path.isdir(d):
-            for target in (d, os.path.dirname(d)):
-                try:
-                    os.rmdir(target)
-                except OSError:
-                    pass
+        for target in (d, os.path.dirname(d)):
+            try:
+                os.rmdir(target)
+            except OSError:
+                pass
 
 
 def wait_for(pred, timeout: float = 20.0, what: str = "condition"):
