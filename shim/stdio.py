@@ -179,10 +179,11 @@ class ProcessIO:
             if stdin_kind == "fifo":
                 self._stdin_source = os.open(stdin_path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
             if self.terminal:
-                path = os.path.join(console_dir or "/tmp", f"console-{os.getpid()}-{id(self):x}.sock")
+                tmp = os.environ.get("TMPDIR", "/tmp")
+                path = os.path.join(console_dir or tmp, f"console-{os.getpid()}-{id(self):x}.sock")
                 sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
                 if len(path) > 100:
-                    d = f"/tmp/husk-shim-{os.getpid()}-{id(self):x}"
+                    d = os.path.join(tmp, f"husk-shim-{os.getpid()}-{id(self):x}")
                     os.mkdir(d, 0o700)
                     path = os.path.join(d, "console.sock")
                 sock.bind(path)
@@ -443,8 +444,11 @@ class ProcessIO:
         if self._console_sock is not None:
             path = self._console_sock.getsockname()
             self._console_sock.close()
+            self._console_sock = None
             try:
                 os.unlink(path)
+                if os.path.basename(os.path.dirname(path)).startswith("husk-shim-"):
+                    os.rmdir(os.path.dirname(path))
             except OSError:
                 pass
         if self.attach is not None:

@@ -97,8 +97,9 @@ def _shim_bin_dir(tmp: str) -> str:
 @pytest.fixture(params=runtimes_available())
 def containerd(tmp_path, request):
     """A private containerd whose husk shims drive `request.param` (runc, or husk in-process)."""
-    base = f"/tmp/{unique('hshim-ctd')}"
-    os.makedirs(base)
+    # Not under pytest's tmp_path: containerd's overlay paths must stay short for mount options.
+    import tempfile
+    base = tempfile.mkdtemp(prefix="hshim-ctd-")
     env = {**os.environ, "PATH": f"{_shim_bin_dir(base)}:{os.environ.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}",
            "HUSK_SHIM_RUNTIME": request.param}
     c = Containerd(base, env)
