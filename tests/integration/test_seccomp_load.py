@@ -15,7 +15,7 @@ from runtime import seccomp
 from runtime.errors import SetupError
 from runtime.linux import syscalls
 
-from seccomp_child import (NR, NR_I386, SIGSYS, X32_SYSCALL_BIT, i386_call, i386_supported, run_child,
+from tests.integration.seccomp_child import (NR, NR_I386, SIGSYS, X32_SYSCALL_BIT, i386_call, i386_supported, run_child,
                            status_fields, sys_call)
 
 pytestmark = pytest.mark.skipif(os.uname().machine != "x86_64", reason="syscall numbers are x86_64's")
