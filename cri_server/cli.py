@@ -1,20 +1,78 @@
-"""The `husk-cri` command: a click group that sub-systems mount their commands on (`husk-cri images ...`).
+"""The husk-cri command line (click): serve (the default), `config default`, `config show`.
 
-Placeholder group owned by the CRI engineer; the daemon command is theirs. Imports stay lazy.
+Only parses flags into a Config (flags override the file) and calls the daemon; no logic of its own.
 """
 from __future__ import annotations
 
+import sys
+from typing import Any
+
 import click
 
-from cri_server.images.cli import images
+from cri_server import config as cfg
+from cri_server.version import VERSION
 
 
-@click.group("husk-cri")
-def main() -> None:
-    """husk's CRI v1 server and its operator commands."""
+def _effective(ctx: click.Context) -> cfg.Config:
+    p = ctx.ensure_object(dict)
+    try:
+        return cfg.with_overrides(cfg.load(p["config"]), p["overrides"])
+    except cfg.ConfigError as e:
+        raise click.UsageError(str(e)) from None
 
 
-main.add_command(images)
+@click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(VERSION, prog_name="husk-cri")
+@click.option("--config", "config_path", metavar="FILE", envvar="HUSK_CRI_CONFIG",
+              help=f"TOML config file (default {cfg.DEFAULT_CONFIG_PATH} if it exists).")
+@click.option("--listen", metavar="PATH", help="Unix socket to serve on (path or unix:///path).")
+@click.option("--root", metavar="DIR", help="Persistent state directory.")
+@click.option("--state", metavar="DIR", help="Volatile run directory.")
+@click.option("--sandbox-image", metavar="REF", help="Image of the pause container.")
+@click.option("--cni-conf-dir", metavar="DIR", help="CNI network config directory.")
+@click.option("--cni-bin-dir", metavar="DIR", multiple=True, help="CNI plugin directory (repeatable).")
+@click.option("--registry-config-dir", metavar="DIR", help="Registry hosts: containerd's hosts.toml layout.")
+@click.option("--stream-address", metavar="ADDR", help="Address of the exec/attach/port-forward server.")
+@click.option("--runtime", metavar="BINARY", help="OCI runtime of the default handler, or in-process.")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False))
+@click.pass_context
+def main(ctx: click.Context, config_path: str | None, **overrides: Any) -> None:
+    """husk-cri: the CRI v1 server kubelet and crictl talk to."""
+    ctx.ensure_object(dict).update(config=config_path, overrides=overrides)
+    if ctx.invoked_subcommand is not None:
+        return
+    from cri_server import daemon
+    config = _effective(ctx)
+    try:
+        sys.exit(daemon.run(config))
+    except daemon.StartupError as e:
+        click.echo(f"husk-cri: {e}", err=True)
+        sys.exit(1)
 
-if __name__ == "__main__":
-    main()
+
+@main.group("config")
+def config_group() -> None:
+    """Print configuration."""
+
+
+@config_group.command("default")
+def config_default() -> None:
+    """Print the built-in defaults as a TOML file."""
+    click.echo(cfg.to_toml(cfg.Config()), nl=False)
+
+
+@config_group.command("show")
+@click.pass_context
+def config_show(ctx: click.Context) -> None:
+    """Print the effective configuration (file plus flags)."""
+    click.echo(cfg.to_toml(_effective(ctx)), nl=False)
+
+
+def _mount_subcommands() -> None:
+    # `husk-cri images ...`: the image operator commands (cri_server/images/cli.py); importing them costs
+    # only click, so it is done here rather than on demand.
+    from cri_server.images.cli import images
+    main.add_command(images)
+
+
+_mount_subcommands()

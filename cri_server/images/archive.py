@@ -15,7 +15,13 @@ from dataclasses import dataclass
 
 from . import manifest as mf
 from .content import ContentStore, hash_file
-from .errors import ArchiveError, ContentError, ImageError, InvalidManifest, InvalidReference
+from .errors import (
+    ArchiveError,
+    ContentError,
+    ImageError,
+    InvalidManifest,
+    InvalidReference,
+)
 from .metadata import ImageRow
 from .pull import layer_records
 from .records import ImageRecord

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import click
 
-DEFAULT_ROOT = "/var/lib/husk"
+DEFAULT_ROOT = "/var/lib/husk/cri"  # husk-cri's default --root
 DEFAULT_REGISTRY_CONFIG_DIR = "/etc/husk/certs.d"
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -24,11 +24,12 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def common_options(f: F) -> F:
     """--root and --registry-config-dir, given after the sub-command like the daemon's flags."""
-    f = click.option("--root", default=DEFAULT_ROOT, show_default=True, envvar="HUSK_ROOT",
-                     help="husk-cri's persistent state directory (images live in ROOT/images).")(f)
-    f = click.option("--registry-config-dir", default=DEFAULT_REGISTRY_CONFIG_DIR, show_default=True,
-                     envvar="HUSK_REGISTRY_CONFIG_DIR",
-                     help="containerd-style hosts.toml directory (<dir>/<host>/hosts.toml).")(f)
+    f = click.option("--root", default=None, envvar="HUSK_ROOT", metavar="DIR",
+                     help=f"husk-cri's persistent state directory; images live in DIR/images. Default: husk-cri's"
+                          f" --root if given before `images`, else {DEFAULT_ROOT}.")(f)
+    f = click.option("--registry-config-dir", default=None, envvar="HUSK_REGISTRY_CONFIG_DIR", metavar="DIR",
+                     help="containerd-style hosts.toml directory (DIR/<host>/hosts.toml). Default: husk-cri's"
+                          f" --registry-config-dir if given before `images`, else {DEFAULT_REGISTRY_CONFIG_DIR}.")(f)
     f = click.option("--snapshotter", type=click.Choice(["auto", "overlay", "copy"]), default="auto",
                      show_default=True, help="How container root filesystems are made.")(f)
     f = click.option("--debug", is_flag=True, help="Log what happens.")(f)
@@ -46,8 +47,15 @@ def _service(root: str, registry_config_dir: str | None, snapshotter: str, debug
 def _run(coro_fn: Callable[..., Any]) -> Callable[..., Any]:
     """Run an async command body with an ImageService; turn image errors into one-line messages."""
     @functools.wraps(coro_fn)
-    def wrapper(root: str, registry_config_dir: str, snapshotter: str, debug: bool, **kw: Any) -> None:
+    def wrapper(root: str | None, registry_config_dir: str | None, snapshotter: str, debug: bool,
+                **kw: Any) -> None:
         from .errors import ImageError
+        # Flags of the `husk-cri` group itself (`husk-cri --root X images ls`) are the next best thing.
+        ctx = click.get_current_context(silent=True)
+        top = ctx.find_root().params if ctx is not None else {}
+        root = root or top.get("root") or DEFAULT_ROOT
+        if registry_config_dir is None:
+            registry_config_dir = top.get("registry_config_dir") or DEFAULT_REGISTRY_CONFIG_DIR
 
         async def main() -> None:
             svc = _service(root, registry_config_dir, snapshotter, debug)

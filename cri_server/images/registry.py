@@ -18,7 +18,15 @@ import aiohttp
 from yarl import URL
 
 from . import manifest as mf
-from .auth import AuthConfig, Challenge, Token, basic_header, parse_challenges, repository_scope, token_from_response
+from .auth import (
+    AuthConfig,
+    Challenge,
+    Token,
+    basic_header,
+    parse_challenges,
+    repository_scope,
+    token_from_response,
+)
 from .content import ContentStore, ProgressFn, Sink
 from .errors import (
     ContentError,

@@ -100,7 +100,10 @@ class ImageService:
         self.db.close()
 
     def _client(self, auth: AuthConfig | None, plain_http: bool | None = None) -> RegistryClient:
-        from .registry import RegistryClient, new_session  # aiohttp: imported by the first pull only
+        from .registry import (  # aiohttp: imported by the first pull only
+            RegistryClient,
+            new_session,
+        )
         if self._session is None or self._session.closed:
             self._session = new_session()
         return RegistryClient(self._session, self.registry_config_dir, auth,

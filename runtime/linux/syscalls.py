@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import struct  # already loaded by ctypes
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -268,3 +269,88 @@ def close_range(first: int, last: int = 0xFFFFFFFF, flags: int = 0) -> None:
 def raw_syscall(number: int, *args: object) -> int:
     """For the few callers (seccomp, bpf) that build their own argument structures."""
     return _check(_libc.syscall(number, *args), f"syscall({number})")
+
+
+# --- bpf(2): loading and attaching the cgroup v2 device program (linux/bpf.h) -------------
+BPF_PROG_LOAD = 5
+BPF_PROG_ATTACH = 8
+BPF_PROG_DETACH = 9
+BPF_PROG_GET_FD_BY_ID = 13
+BPF_PROG_QUERY = 16
+BPF_PROG_TYPE_CGROUP_DEVICE = 15
+BPF_CGROUP_DEVICE = 6          # enum bpf_attach_type
+BPF_F_ALLOW_OVERRIDE = 1
+BPF_F_ALLOW_MULTI = 2
+BPF_F_REPLACE = 4
+_BPF_ATTR_SIZE = 128           # bigger than every layout used here; the kernel wants the unused tail zeroed
+
+
+def _bpf(cmd: int, attr: ctypes.Array, what: str) -> int:
+    return _check(_libc.syscall(SYS_bpf, ctypes.c_int(cmd), attr, ctypes.c_uint(len(attr))), what)
+
+
+def bpf_prog_load(prog_type: int, insns: bytes, license: str = "Apache", expected_attach_type: int = 0,
+                  name: str = "", log_size: int = 65536) -> int:
+    """Loads a program (8-byte instructions in `insns`); returns its fd. A verifier rejection raises OSError
+    whose message carries the verifier's log."""
+    code = ctypes.create_string_buffer(insns, len(insns))
+    lic = ctypes.create_string_buffer(license.encode())
+    log = ctypes.create_string_buffer(log_size)
+    attr = ctypes.create_string_buffer(_BPF_ATTR_SIZE)
+    # prog_type, insn_cnt, insns, license, log_level, log_size, log_buf, kern_version, prog_flags,
+    # prog_name[16], prog_ifindex, expected_attach_type
+    struct.pack_into("<IIQQIIQII16sII", attr, 0, prog_type, len(insns) // 8, ctypes.addressof(code),
+                     ctypes.addressof(lic), 1, log_size, ctypes.addressof(log), 0, 0,
+                     name.encode()[:15], 0, expected_attach_type)
+    ret = _libc.syscall(SYS_bpf, ctypes.c_int(BPF_PROG_LOAD), attr, ctypes.c_uint(len(attr)))
+    if ret < 0:
+        err = ctypes.get_errno()
+        verifier = log.value.decode(errors="replace").strip()
+        raise OSError(err, f"bpf(BPF_PROG_LOAD): {os.strerror(err)}" + (f"; verifier: {verifier}" if verifier else ""))
+    return ret
+
+
+def bpf_prog_attach(target_fd: int, prog_fd: int, attach_type: int, flags: int = 0, replace_fd: int = 0) -> None:
+    attr = ctypes.create_string_buffer(_BPF_ATTR_SIZE)
+    struct.pack_into("<IIIII", attr, 0, target_fd, prog_fd, attach_type, flags, replace_fd)
+    _bpf(BPF_PROG_ATTACH, attr, "bpf(BPF_PROG_ATTACH)")
+
+
+def bpf_prog_detach(target_fd: int, prog_fd: int, attach_type: int) -> None:
+    attr = ctypes.create_string_buffer(_BPF_ATTR_SIZE)
+    struct.pack_into("<III", attr, 0, target_fd, prog_fd, attach_type)
+    _bpf(BPF_PROG_DETACH, attr, "bpf(BPF_PROG_DETACH)")
+
+
+def bpf_prog_query(target_fd: int, attach_type: int, max_progs: int = 64) -> tuple[int, list[int]]:
+    """The programs attached directly to the cgroup `target_fd`: (attach_flags, program ids)."""
+    ids = (ctypes.c_uint32 * max_progs)()
+    attr = ctypes.create_string_buffer(_BPF_ATTR_SIZE)
+    # target_fd, attach_type, query_flags, attach_flags, prog_ids, prog_cnt
+    struct.pack_into("<IIIIQI", attr, 0, target_fd, attach_type, 0, 0, ctypes.addressof(ids), max_progs)
+    _bpf(BPF_PROG_QUERY, attr, "bpf(BPF_PROG_QUERY)")
+    attach_flags = struct.unpack_from("<I", attr, 12)[0]
+    count = struct.unpack_from("<I", attr, 24)[0]
+    return attach_flags, list(ids[:min(count, max_progs)])
+
+
+def bpf_prog_get_fd_by_id(prog_id: int) -> int:
+    attr = ctypes.create_string_buffer(_BPF_ATTR_SIZE)
+    struct.pack_into("<I", attr, 0, prog_id)
+    return _bpf(BPF_PROG_GET_FD_BY_ID, attr, "bpf(BPF_PROG_GET_FD_BY_ID)")
+
+
+# --- inotify (the v2 OOM notification watches memory.events) -----------------------------
+IN_MODIFY = 0x00000002
+IN_NONBLOCK = os.O_NONBLOCK
+IN_CLOEXEC = os.O_CLOEXEC
+_libc.inotify_init1.argtypes = [ctypes.c_int]
+_libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
+
+
+def inotify_init1(flags: int = IN_CLOEXEC) -> int:
+    return _check(_libc.inotify_init1(flags), "inotify_init1")
+
+
+def inotify_add_watch(fd: int, path: str | bytes, mask: int) -> int:
+    return _check(_libc.inotify_add_watch(fd, _fs(path), mask), "inotify_add_watch", path)

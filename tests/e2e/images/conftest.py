@@ -1,16 +1,12 @@
 """Fixtures for image e2e tests: a private containerd; lookups other than loopback fail."""
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Iterator
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
-
-from tests.support.containerd import Containerd  # noqa: E402
-from tests.support.netguard import NetGuard  # noqa: E402
+from tests.support.containerd import Containerd
+from tests.support.netguard import NetGuard
 
 
 @pytest.fixture(autouse=True)

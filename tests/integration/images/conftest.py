@@ -3,12 +3,10 @@ with those images pushed, hosts.toml directories mapping upstream names to them,
 from __future__ import annotations
 
 import os
-import sys
+import threading
 from collections.abc import Iterator
 
 import pytest
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
 
 from cri_server.images import testimages
 from tests.support.imagetest import certs_for
@@ -22,6 +20,17 @@ PUSHED = [("busybox", "library/busybox:latest"), ("busybox", "e2e-test-images/bu
           ("test-image-user-username", "k8s-staging-cri-tools/test-image-user-username:latest"),
           ("test-image-tags", "k8s-staging-cri-tools/test-image-tags:1"),
           ("test-image-tags", "k8s-staging-cri-tools/test-image-tags:2")]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_threads_left_behind() -> Iterator[None]:
+    """Other suites fork (the shim's spawner refuses to once a thread exists): leave no thread running."""
+    before = {t.ident for t in threading.enumerate()}
+    yield
+    extra = [t for t in threading.enumerate() if t.ident not in before and t.is_alive()]
+    for t in extra:
+        t.join(5)
+    assert not [t.name for t in extra if t.is_alive()]
 
 
 @pytest.fixture(autouse=True)
@@ -60,7 +69,7 @@ def registry(tmp_path_factory: pytest.TempPathFactory, test_images: dict[str, st
     reg.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def htpasswd_registry(tmp_path_factory: pytest.TempPathFactory,
                       test_images: dict[str, str]) -> Iterator[LocalRegistry]:
     reg = _start(tmp_path_factory, "htpasswd", test_images, [("layered", "private/layered:v1")])
@@ -68,7 +77,7 @@ def htpasswd_registry(tmp_path_factory: pytest.TempPathFactory,
     reg.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")  # its token server is a thread: gone before other modules run
 def token_registry(tmp_path_factory: pytest.TempPathFactory, test_images: dict[str, str]) -> Iterator[LocalRegistry]:
     reg = _start(tmp_path_factory, "token", test_images, [("layered", "private/layered:v1"),
                                                           ("busybox", "public/busybox:latest")])

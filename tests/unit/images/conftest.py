@@ -1,12 +1,7 @@
 """Unit tests of the image subsystem: no root, no registry process; lookups other than loopback fail."""
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
 
 from tests.support.netguard import NetGuard
 

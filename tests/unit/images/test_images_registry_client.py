@@ -14,7 +14,13 @@ from aiohttp import web
 from cri_server.images import manifest as mf
 from cri_server.images.auth import AuthConfig
 from cri_server.images.content import ContentStore
-from cri_server.images.errors import Denied, DigestMismatch, NotFound, RegistryError, Unauthorized
+from cri_server.images.errors import (
+    Denied,
+    DigestMismatch,
+    NotFound,
+    RegistryError,
+    Unauthorized,
+)
 from cri_server.images.reference import parse
 from cri_server.images.registry import RegistryClient, new_session
 

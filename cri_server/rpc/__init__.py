@@ -1,0 +1,1 @@
+"""One module per group of CRI RPCs; each function is `async def rpc(svc: Services, request) -> response`."""

@@ -1,0 +1,62 @@
+"""PodSandboxStatus and ListPodSandbox: what kubelet's PLEG reads every second, answered from the index.
+
+Never touches the disk or a shim: the records are in memory. Stats belong to rpc/stats.py.
+"""
+from __future__ import annotations
+
+import json
+import time
+
+from cri_server.api.v1 import api_pb2 as pb
+from cri_server.context import Services
+from cri_server.store.records import SandboxFilter, SandboxRecord, SandboxState
+
+_STATE_TO_PB = {SandboxState.READY: pb.SANDBOX_READY, SandboxState.NOTREADY: pb.SANDBOX_NOTREADY,
+                SandboxState.CREATING: pb.SANDBOX_NOTREADY}
+_PB_TO_STATE = {pb.SANDBOX_READY: SandboxState.READY, pb.SANDBOX_NOTREADY: SandboxState.NOTREADY}
+
+
+def _metadata(r: SandboxRecord) -> pb.PodSandboxMetadata:
+    return pb.PodSandboxMetadata(name=r.pod_name, uid=r.pod_uid, namespace=r.pod_namespace, attempt=r.attempt)
+
+
+def to_pod_sandbox(r: SandboxRecord) -> pb.PodSandbox:
+    return pb.PodSandbox(id=r.id, metadata=_metadata(r), state=_STATE_TO_PB[r.state], created_at=r.created_at,
+                         labels=r.labels, annotations=r.annotations, runtime_handler=r.runtime_handler)
+
+
+def to_status(r: SandboxRecord) -> pb.PodSandboxStatus:
+    config = pb.PodSandboxConfig.FromString(r.config)
+    ns = config.linux.security_context.namespace_options
+    network = pb.PodSandboxNetworkStatus()
+    if r.ips:
+        network.ip = r.ips[0]
+        network.additional_ips.extend(pb.PodIP(ip=ip) for ip in r.ips[1:])
+    return pb.PodSandboxStatus(
+        id=r.id, metadata=_metadata(r), state=_STATE_TO_PB[r.state], created_at=r.created_at, network=network,
+        linux=pb.LinuxPodSandboxStatus(namespaces=pb.Namespace(options=pb.NamespaceOption(
+            network=ns.network, pid=ns.pid, ipc=ns.ipc, target_id=ns.target_id))),
+        labels=r.labels, annotations=r.annotations, runtime_handler=r.runtime_handler)
+
+
+def filter_from_pb(f: pb.PodSandboxFilter) -> SandboxFilter:
+    state = _PB_TO_STATE[f.state.state] if f.HasField("state") else None
+    return SandboxFilter(id=f.id, state=state, label_selector=dict(f.label_selector))
+
+
+async def pod_sandbox_status(svc: Services, req: pb.PodSandboxStatusRequest) -> pb.PodSandboxStatusResponse:
+    """PodSandboxStatus returns the sandbox's state, IPs, namespaces, labels and annotations; NotFound for an
+    unknown id. `verbose` adds the record's runtime details (pid, netns, shim) as JSON under "info"."""
+    r = svc.store.get_sandbox(req.pod_sandbox_id)
+    resp = pb.PodSandboxStatusResponse(status=to_status(r), timestamp=time.time_ns())
+    if req.verbose:
+        resp.info["info"] = json.dumps({"pid": r.pid, "netnsPath": r.netns_path, "shimAddress": r.shim_address,
+                                        "cgroupParent": r.cgroup_parent, "podDir": r.pod_dir,
+                                        "state": r.state.value, **dict(r.extra)})
+    return resp
+
+
+async def list_pod_sandbox(svc: Services, req: pb.ListPodSandboxRequest) -> pb.ListPodSandboxResponse:
+    """ListPodSandbox returns the sandboxes matching every set filter field (id or id prefix, state, labels)."""
+    flt = filter_from_pb(req.filter) if req.HasField("filter") else SandboxFilter()
+    return pb.ListPodSandboxResponse(items=[to_pod_sandbox(r) for r in svc.store.list_sandboxes(flt)])

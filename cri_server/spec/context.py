@@ -1,0 +1,112 @@
+"""What spec options read: the CRI request, the image config, the sandbox the container joins, the host.
+
+Plain records, filled by the RPC handlers (phase 2) or by tests; nothing here does I/O except
+HostInfo.detect().
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from cri_server.api.v1 import api_pb2 as pb
+from cri_server.errors import InvalidArgument
+from cri_server.oom import OomScorePolicy
+
+Spec = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ImageConfig:
+    """The parts of an OCI image config (its "config" object) a container spec uses."""
+    entrypoint: tuple[str, ...] = ()
+    cmd: tuple[str, ...] = ()
+    env: tuple[str, ...] = ()
+    working_dir: str = ""
+    user: str = ""
+    stop_signal: str = ""
+
+    @staticmethod
+    def from_oci(config: Mapping[str, Any] | None) -> "ImageConfig":
+        c = config or {}
+        return ImageConfig(entrypoint=tuple(c.get("Entrypoint") or ()), cmd=tuple(c.get("Cmd") or ()),
+                           env=tuple(c.get("Env") or ()), working_dir=c.get("WorkingDir") or "",
+                           user=c.get("User") or "", stop_signal=c.get("StopSignal") or "")
+
+
+@dataclass(frozen=True)
+class HostInfo:
+    capabilities: tuple[str, ...]          # the bounding set: what privileged / ALL may grant
+    oom: OomScorePolicy
+    swap_controller: bool = False          # cgroup v1 memory.memsw.* present
+    hugepage_sizes: tuple[str, ...] = ()   # "2MB", "1GB"
+    mountinfo: Callable[[], str] = lambda: open("/proc/self/mountinfo").read()
+
+    @staticmethod
+    def detect(oom: OomScorePolicy) -> "HostInfo":
+        from cri_server.spec.caps import host_capabilities
+        sizes = []
+        try:
+            for d in os.listdir("/sys/kernel/mm/hugepages"):
+                kb = int(d.removeprefix("hugepages-").removesuffix("kB"))
+                sizes.append(f"{kb // 1024 // 1024}GB" if kb >= 1 << 20 else f"{kb // 1024}MB")
+        except (OSError, ValueError):
+            pass
+        swap = (os.path.exists("/sys/fs/cgroup/memory/memory.memsw.limit_in_bytes")
+                or os.path.exists("/sys/fs/cgroup/memory.swap.max"))
+        return HostInfo(host_capabilities(), oom, swap, tuple(sizes))
+
+
+@dataclass(frozen=True)
+class SandboxInfo:
+    """The running sandbox a container joins, and the files RunPodSandbox made for it."""
+    id: str
+    pid: int                              # the pause process; its namespaces are joined by path
+    netns_path: str = ""                  # the pinned network namespace ("" for host network)
+    hostname: str = ""
+    hosts_path: str = ""
+    resolv_path: str = ""
+    hostname_path: str = ""
+    shm_path: str = ""                    # the pod's /dev/shm ("" for host IPC)
+    cgroup_parent: str = ""
+
+
+@dataclass(frozen=True)
+class SandboxContext:
+    id: str
+    config: pb.PodSandboxConfig
+    image: ImageConfig
+    rootfs: str
+    host: HostInfo
+    netns_path: str = ""
+    shm_path: str = ""
+    image_name: str = ""
+    runtime_handler: str = ""
+
+
+@dataclass(frozen=True)
+class ContainerContext:
+    id: str
+    config: pb.ContainerConfig
+    sandbox_config: pb.PodSandboxConfig
+    sandbox: SandboxInfo
+    image: ImageConfig
+    rootfs: str                           # the container's rootfs (for /etc/passwd, /etc/group)
+    container_dir: str                    # husk's own per-container dir (termination message file)
+    host: HostInfo
+    target_pid: int = 0                   # the init of the container a TARGET pid namespace joins
+    image_name: str = ""
+    make_host_dirs: bool = True           # create missing hostPath directories, as containerd does
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+def ensure(spec: Spec, *keys: str) -> dict[str, Any]:
+    """spec[k1][k2]... as a dict, created on the way."""
+    d = spec
+    for k in keys:
+        d = d.setdefault(k, {})
+    return d
+
+
+def invalid(field_path: str, reason: str) -> InvalidArgument:
+    return InvalidArgument(f"{field_path}: {reason}")

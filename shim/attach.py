@@ -1,0 +1,223 @@
+"""The attach channel: a SOCK_SEQPACKET unix socket per process through which clients reach its live stdio.
+
+Protocol (every packet is one message: 1 kind byte, then the payload):
+  client -> shim   0x00 STDIN <bytes>        written to the process's stdin (if it has one)
+                   0x01 RESIZE >HH width,height   (terminal processes)
+                   0x02 CLOSE_STDIN          closes the process's stdin
+  shim -> client   0x01 STDOUT <bytes>, 0x02 STDERR <bytes>   every chunk, to every attached client
+                   0x03 EXIT >I exit status  after the output the process wrote before exiting; then close
+A client that falls more than MAX_QUEUED bytes behind is disconnected (the log and fifos never wait for it).
+"""
+from __future__ import annotations
+
+# typing costs ~1.7 MB per process; it is needed by type checkers only.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable
+
+import os
+import socket
+import struct
+from collections import deque
+
+from shim.loop import Loop
+from shim.unixpath import bind_unix
+from shim.log import get as get_logger
+
+log = get_logger(__name__)
+
+STDIN, RESIZE, CLOSE_STDIN = 0x00, 0x01, 0x02
+STDOUT, STDERR, EXIT = 0x01, 0x02, 0x03
+MAX_PACKET = 64 * 1024 + 1
+MAX_QUEUED = 4 << 20
+_SIZE = struct.Struct(">HH")
+
+
+class AttachServer:
+    def __init__(self, loop: Loop, path: str, on_stdin: Callable[[bytes], None],
+                 on_resize: Callable[[int, int], None], on_close_stdin: Callable[[], None],
+                 on_detach: Callable[[], None] | None = None) -> None:
+        self.loop = loop
+        self.path = path
+        self.on_stdin = on_stdin
+        self.on_resize = on_resize
+        self.on_close_stdin = on_close_stdin
+        self.on_detach = on_detach
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        bind_unix(self.sock, path)
+        self.sock.listen(16)
+        self.clients: dict[int, _Client] = {}
+        self.exit_status: int | None = None
+        loop.add_reader(self.sock.fileno(), self._accept)
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                c, _ = self.sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as err:
+                log.warning("attach %s: accept: %s", self.path, err)
+                return
+            c.setblocking(False)
+            client = _Client(self, c)
+            self.clients[client.fd] = client
+            if self.exit_status is not None:
+                client.send(bytes([EXIT]) + struct.pack(">I", self.exit_status))
+                client.close_after_flush()
+
+    def broadcast(self, kind: int, data: bytes) -> None:
+        if not self.clients:
+            return
+        for start in range(0, len(data), MAX_PACKET - 1):
+            pkt = bytes([kind]) + data[start:start + MAX_PACKET - 1]
+            for client in list(self.clients.values()):
+                client.send(pkt)
+
+    def exited(self, status: int) -> None:
+        """The process exited and its output written so far was broadcast: tell every client, then close."""
+        self.exit_status = status
+        pkt = bytes([EXIT]) + struct.pack(">I", status)
+        for client in list(self.clients.values()):
+            client.send(pkt)
+            client.close_after_flush()
+
+    def close(self) -> None:
+        for client in list(self.clients.values()):
+            client.close()
+        try:
+            self.loop.remove(self.sock.fileno())
+        except (KeyError, ValueError):
+            pass
+        self.sock.close()
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+
+class _Client:
+    def __init__(self, server: AttachServer, sock: socket.socket) -> None:
+        self.server = server
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.queue: deque[bytes] = deque()
+        self.queued = 0
+        self.closing = False
+        self.closed = False
+        server.loop.add_reader(self.fd, self._on_read)
+
+    def _on_read(self) -> None:
+        try:
+            pkt = self.sock.recv(MAX_PACKET)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self.close()
+            return
+        if not pkt:
+            self.close()
+            return
+        kind, body = pkt[0], pkt[1:]
+        if kind == STDIN:
+            self.server.on_stdin(body)
+        elif kind == RESIZE and len(body) == _SIZE.size:
+            w, h = _SIZE.unpack(body)
+            self.server.on_resize(w, h)
+        elif kind == CLOSE_STDIN:
+            self.server.on_close_stdin()
+        else:
+            log.debug("attach %s: ignoring packet kind %d", self.server.path, kind)
+
+    def send(self, pkt: bytes) -> None:
+        if self.closed:
+            return
+        if self.queued + len(pkt) > MAX_QUEUED:
+            log.warning("attach %s: client too slow; disconnecting it", self.server.path)
+            self.close()
+            return
+        self.queue.append(pkt)
+        self.queued += len(pkt)
+        self._flush()
+
+    def _flush(self) -> None:
+        while self.queue:
+            pkt = self.queue[0]
+            try:
+                self.sock.send(pkt)
+            except (BlockingIOError, InterruptedError):
+                self.server.loop.add_writer(self.fd, self._flush)
+                return
+            except OSError:
+                self.close()
+                return
+            self.queue.popleft()
+            self.queued -= len(pkt)
+        if self.closed:
+            return
+        self.server.loop.remove_writer(self.fd)
+        if self.closing:
+            self.close()
+
+    def close_after_flush(self) -> None:
+        self.closing = True
+        if not self.queue:
+            self.close()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.server.loop.remove(self.fd)
+        self.sock.close()
+        self.server.clients.pop(self.fd, None)
+        if self.server.on_detach is not None:
+            self.server.on_detach()
+
+
+class AttachClient:
+    """Blocking client for tests and simple callers: send stdin, resize, read (kind, data) messages."""
+
+    def __init__(self, path: str, timeout: float | None = 10.0) -> None:
+        from shim.unixpath import connect_unix
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        self.sock.settimeout(timeout)
+        connect_unix(self.sock, path)
+
+    def write_stdin(self, data: bytes) -> None:
+        for start in range(0, len(data), MAX_PACKET - 1):
+            self.sock.send(bytes([STDIN]) + data[start:start + MAX_PACKET - 1])
+
+    def resize(self, width: int, height: int) -> None:
+        self.sock.send(bytes([RESIZE]) + _SIZE.pack(width, height))
+
+    def close_stdin(self) -> None:
+        self.sock.send(bytes([CLOSE_STDIN]))
+
+    def read(self) -> tuple[int, bytes] | None:
+        pkt = self.sock.recv(MAX_PACKET)
+        if not pkt:
+            return None
+        return pkt[0], pkt[1:]
+
+    def read_all(self) -> tuple[bytes, bytes, int | None]:
+        """Reads until the shim closes: (stdout, stderr, exit status or None)."""
+        out, err, status = bytearray(), bytearray(), None
+        while True:
+            msg = self.read()
+            if msg is None:
+                return bytes(out), bytes(err), status
+            kind, body = msg
+            if kind == STDOUT:
+                out += body
+            elif kind == STDERR:
+                err += body
+            elif kind == EXIT:
+                status = struct.unpack(">I", body)[0]
+
+    def close(self) -> None:
+        self.sock.close()

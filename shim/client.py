@@ -1,0 +1,255 @@
+"""ttrpc clients for the shim's services: a thread-safe sync client and an asyncio client.
+
+`TtrpcClient` multiplexes concurrent calls from many threads over one connection (a reader thread
+matches responses to stream ids); husk-cri may instead use `AsyncTtrpcClient` on its own event loop.
+`TaskClient`/`AsyncTaskClient` wrap them with one method per task API call. No grpc/protobuf here.
+"""
+from __future__ import annotations
+
+import socket
+import threading
+from typing import Any
+
+from shim import ttrpc_wire as w
+from shim.pb import husk as huskpb
+from shim.pb import task as taskpb
+from shim.protobuf import Message, lookup
+from shim.ttrpc_call import call_once, make_request, read_result  # noqa: F401 (call_once re-exported)
+from shim.unixpath import connect_unix, socket_path
+
+TASK_SERVICE = "containerd.task.v2.Task"
+HUSK_SERVICE = "husk.shim.v1.Shim"
+
+
+class _Waiter:
+    __slots__ = ("event", "payload", "error")
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.payload: bytes | None = None
+        self.error: BaseException | None = None
+
+
+class TtrpcClient:
+    """A connection to one ttrpc server. Safe to share between threads; calls may overlap."""
+
+    def __init__(self, address: str, timeout: float = 10.0, namespace: str = "") -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        self.sock.settimeout(timeout)
+        try:
+            connect_unix(self.sock, socket_path(address))
+        except OSError:
+            self.sock.close()
+            raise
+        self.sock.settimeout(None)
+        self.namespace = namespace
+        self._lock = threading.Lock()
+        self._next = 1
+        self._waiters: dict[int, _Waiter] = {}
+        self._closed: BaseException | None = None
+        self._reader = threading.Thread(target=self._read_loop, name="ttrpc-client", daemon=True)
+        self._reader.start()
+
+    def call(self, service: str, method: str, req: Message, resp_type: type[Message] | str,
+             timeout: float | None = None, metadata: dict[str, str] | None = None) -> Any:
+        if isinstance(resp_type, str):
+            resp_type = lookup(resp_type)
+        md = dict(metadata or {})
+        if self.namespace:
+            md.setdefault(w.NAMESPACE_KEY, self.namespace)
+        body = make_request(service, method, req, timeout, md)
+        waiter = _Waiter()
+        with self._lock:
+            if self._closed is not None:
+                raise ConnectionError(f"ttrpc connection closed: {self._closed}")
+            sid = self._next
+            self._next += 2
+            self._waiters[sid] = waiter
+            try:
+                self.sock.sendall(w.frame(sid, w.TYPE_REQUEST, body))
+            except OSError:
+                self._waiters.pop(sid, None)
+                raise
+        if not waiter.event.wait(timeout):
+            with self._lock:
+                self._waiters.pop(sid, None)
+            raise w.TtrpcError(w.DEADLINE_EXCEEDED, f"{service}/{method}: no answer in {timeout}s")
+        if waiter.error is not None:
+            raise ConnectionError(f"{service}/{method}: {waiter.error}")
+        assert waiter.payload is not None
+        return read_result(waiter.payload, resp_type)
+
+    def _read_loop(self) -> None:
+        reader = w.FrameReader()
+        err: BaseException = EOFError("connection closed by the server")
+        try:
+            while True:
+                data = self.sock.recv(256 << 10)
+                if not data:
+                    break
+                reader.feed(data)
+                for sid, mtype, _flags, payload in reader.frames():
+                    if mtype != w.TYPE_RESPONSE:
+                        continue
+                    with self._lock:
+                        waiter = self._waiters.pop(sid, None)
+                    if waiter is None:
+                        continue
+                    if payload is None:
+                        waiter.error = w.TtrpcError(w.RESOURCE_EXHAUSTED, "response too large")
+                    waiter.payload = payload
+                    waiter.event.set()
+        except OSError as e:
+            err = e
+        with self._lock:
+            self._closed = err
+            waiters, self._waiters = self._waiters, {}
+        for waiter in waiters.values():
+            waiter.error = err
+            waiter.event.set()
+
+    def close(self) -> None:
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+        self._reader.join(timeout=5)
+
+    def __enter__(self) -> "TtrpcClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class TaskClient:
+    """containerd.task.v2.Task (+ husk.shim.v1.Shim) over a TtrpcClient. Methods take keyword fields."""
+
+    def __init__(self, address: str, timeout: float = 10.0, namespace: str = "") -> None:
+        self.conn = TtrpcClient(address, timeout=timeout, namespace=namespace)
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> "TaskClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _call(self, method: str, timeout: float | None, **fields: Any) -> Any:
+        req_name, resp_name = taskpb.SERVICES[TASK_SERVICE][method]
+        return self.conn.call(TASK_SERVICE, method, lookup(req_name)(**fields), resp_name, timeout=timeout)
+
+    def __getattr__(self, method: str) -> Any:
+        if method in taskpb.SERVICES[TASK_SERVICE]:
+            def call(timeout: float | None = 60.0, **fields: Any) -> Any:
+                return self._call(method, timeout, **fields)
+            call.__name__ = method
+            return call
+        if method in huskpb.SERVICES[HUSK_SERVICE]:
+            def hcall(timeout: float | None = 60.0, **fields: Any) -> Any:
+                req_name, resp_name = huskpb.SERVICES[HUSK_SERVICE][method]
+                return self.conn.call(HUSK_SERVICE, method, lookup(req_name)(**fields), resp_name,
+                                      timeout=timeout)
+            hcall.__name__ = method
+            return hcall
+        raise AttributeError(method)
+
+
+class AsyncTtrpcClient:
+    """The same protocol on asyncio (for husk-cri's grpc.aio loop); asyncio is imported only here."""
+
+    def __init__(self, reader: Any, writer: Any, namespace: str = "") -> None:
+        import asyncio
+        self._reader = reader
+        self._writer = writer
+        self.namespace = namespace
+        self._next = 1
+        self._futures: dict[int, Any] = {}
+        self._task = asyncio.get_running_loop().create_task(self._read_loop())
+
+    @classmethod
+    async def connect(cls, address: str, namespace: str = "") -> "AsyncTtrpcClient":
+        import asyncio
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        sock.setblocking(False)
+        try:
+            path = socket_path(address)
+            await asyncio.get_running_loop().run_in_executor(None, _blocking_connect, sock, path)
+        except OSError:
+            sock.close()
+            raise
+        reader, writer = await asyncio.open_unix_connection(sock=sock)
+        return cls(reader, writer, namespace)
+
+    async def call(self, service: str, method: str, req: Message, resp_type: type[Message] | str,
+                   timeout: float | None = None, metadata: dict[str, str] | None = None) -> Any:
+        import asyncio
+        if isinstance(resp_type, str):
+            resp_type = lookup(resp_type)
+        md = dict(metadata or {})
+        if self.namespace:
+            md.setdefault(w.NAMESPACE_KEY, self.namespace)
+        sid = self._next
+        self._next += 2
+        fut = asyncio.get_running_loop().create_future()
+        self._futures[sid] = fut
+        self._writer.write(w.frame(sid, w.TYPE_REQUEST, make_request(service, method, req, timeout, md)))
+        await self._writer.drain()
+        try:
+            payload = await asyncio.wait_for(fut, timeout)
+        except asyncio.TimeoutError:
+            raise w.TtrpcError(w.DEADLINE_EXCEEDED, f"{service}/{method}: no answer in {timeout}s") from None
+        finally:
+            self._futures.pop(sid, None)
+        return read_result(payload, resp_type)
+
+    async def task(self, method: str, timeout: float | None = 60.0, **fields: Any) -> Any:
+        """A containerd.task.v2.Task call by method name with the request's fields as keywords."""
+        req_name, resp_name = taskpb.SERVICES[TASK_SERVICE][method]
+        return await self.call(TASK_SERVICE, method, lookup(req_name)(**fields), resp_name, timeout=timeout)
+
+    async def husk(self, method: str, timeout: float | None = 60.0, **fields: Any) -> Any:
+        req_name, resp_name = huskpb.SERVICES[HUSK_SERVICE][method]
+        return await self.call(HUSK_SERVICE, method, lookup(req_name)(**fields), resp_name, timeout=timeout)
+
+    async def _read_loop(self) -> None:
+        reader = w.FrameReader()
+        err: BaseException = EOFError("connection closed by the server")
+        try:
+            while True:
+                data = await self._reader.read(256 << 10)
+                if not data:
+                    break
+                reader.feed(data)
+                for sid, mtype, _flags, payload in reader.frames():
+                    fut = self._futures.get(sid)
+                    if mtype != w.TYPE_RESPONSE or fut is None or fut.done():
+                        continue
+                    if payload is None:
+                        fut.set_exception(w.TtrpcError(w.RESOURCE_EXHAUSTED, "response too large"))
+                    else:
+                        fut.set_result(payload)
+        except OSError as e:
+            err = e
+        for fut in self._futures.values():
+            if not fut.done():
+                fut.set_exception(ConnectionError(f"ttrpc connection closed: {err}"))
+
+    async def close(self) -> None:
+        self._writer.close()
+        try:
+            await self._writer.wait_closed()
+        except OSError:
+            pass
+        self._task.cancel()
+
+
+def _blocking_connect(sock: socket.socket, path: str) -> None:
+    sock.setblocking(True)
+    try:
+        connect_unix(sock, path)
+    finally:
+        sock.setblocking(False)

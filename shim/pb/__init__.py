@@ -1,0 +1,1 @@
+"""Generated message classes (scripts/gen-shim-proto); import the module you need."""

@@ -1,0 +1,199 @@
+"""The spawner (zygote): a single-threaded process, forked from husk-cri before any gRPC thread exists, with
+runtime/ and shim/ imported and gc-frozen; it forks every shim (double fork + setsid: shims outlive husk-cri).
+
+Protocol on a SOCK_SEQPACKET socketpair, one JSON object per packet:
+  request  {"cfg": {ShimConfig fields}, "log_path": str, "debug": bool}
+  response {"pid": int, "address": "unix://..."} or {"error": str}
+The zygote exits when husk-cri closes its end. It must never start threads (it forks).
+"""
+from __future__ import annotations
+
+import gc
+import json
+import os
+import signal
+import socket
+import threading
+
+from shim.log import get as get_logger
+from shim.record import REQUIRED, Record
+from shim.service import ShimConfig
+
+log = get_logger(__name__)
+MAX_MSG = 1 << 16
+
+
+class SpawnError(Exception):
+    """The zygote could not start a shim; the text says why."""
+
+
+class Spawned(Record):
+    """The shim's pid and its ttrpc address (unix://...)."""
+    __slots__ = ("pid", "address")
+    FIELDS = (("pid", REQUIRED), ("address", REQUIRED))
+
+
+class Spawner:
+    def __init__(self) -> None:
+        self._sock: socket.socket | None = None
+        self.pid = 0
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        """Forks the zygote. Call before any thread exists in this process."""
+        if threading.active_count() > 1:
+            raise SpawnError("Spawner.start() must run before any other thread is started")
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                parent.close()
+                code = _zygote_main(child)
+            except BaseException:  # the zygote reports, then leaves without running the parent's handlers
+                log.exception("spawner zygote failed")
+                code = 1
+            finally:
+                os._exit(code)
+        child.close()
+        self._sock = parent
+        self.pid = pid
+
+    def spawn(self, cfg: ShimConfig, log_path: str = "", debug: bool = False, timeout: float = 30.0) -> Spawned:
+        if self._sock is None:
+            raise SpawnError("spawner not started")
+        d = cfg.as_dict()
+        if d["allowed_uids"] is not None:
+            d["allowed_uids"] = list(d["allowed_uids"])
+        req = json.dumps({"cfg": d, "log_path": log_path, "debug": debug}).encode()
+        with self._lock:
+            self._sock.settimeout(timeout)
+            try:
+                self._sock.send(req)
+                data = self._sock.recv(MAX_MSG)
+            except OSError as err:
+                raise SpawnError(f"spawner: {err}") from err
+        if not data:
+            raise SpawnError("spawner exited")
+        resp = json.loads(data)
+        if "error" in resp:
+            raise SpawnError(resp["error"])
+        return Spawned(int(resp["pid"]), resp["address"])
+
+    def stop(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        if self.pid:
+            try:
+                os.waitpid(self.pid, 0)
+            except ChildProcessError:
+                pass
+            self.pid = 0
+
+
+def _preload() -> None:
+    """Everything a shim needs, imported once in the zygote so every forked shim shares the pages."""
+    import runtime.linux.syscalls  # noqa: F401
+    import shim.cgroup_watch  # noqa: F401
+    import shim.client  # noqa: F401
+    import shim.daemon  # noqa: F401
+    import shim.events  # noqa: F401
+    import shim.pb.cgroups_v1  # noqa: F401
+    import shim.rootfs  # noqa: F401
+    import shim.runtime_driver  # noqa: F401
+    import shim.ttrpc_server  # noqa: F401
+    try:
+        import runtime.lifecycle  # noqa: F401  (the in-process runtime, once it exists)
+    except ImportError:
+        pass
+
+
+def _zygote_main(chan: socket.socket) -> int:
+    from runtime.linux import syscalls as sc
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    try:
+        sc.set_name("husk-zygote")
+    except OSError:
+        pass
+    # Keep only stdio and the channel: the zygote must not hold husk-cri's sockets or files open.
+    keep = chan.fileno()
+    os.closerange(3, keep)
+    os.closerange(keep + 1, 1 << 16)
+    _preload()
+    gc.collect()
+    gc.freeze()
+    while True:
+        try:
+            data = chan.recv(MAX_MSG)
+        except InterruptedError:
+            continue
+        if not data:
+            return 0
+        try:
+            resp = _spawn_one(json.loads(data), chan)
+        except Exception as err:  # every failure is an answer, never the zygote's end
+            resp = {"error": f"{type(err).__name__}: {err}"}
+        chan.send(json.dumps(resp).encode())
+
+
+def _spawn_one(req: dict, chan: socket.socket) -> dict:
+    from shim.daemon import serve, setup_logging
+    from shim.ttrpc_server import listen_unix
+    c = dict(req["cfg"])
+    if c.get("allowed_uids") is not None:
+        c["allowed_uids"] = tuple(c["allowed_uids"])
+    cfg = ShimConfig(**c)
+    os.makedirs(cfg.state_dir, mode=0o711, exist_ok=True)
+    os.makedirs(os.path.dirname(cfg.address) or ".", mode=0o711, exist_ok=True)
+    log_path = req.get("log_path") or os.path.join(cfg.state_dir, "shim.log")
+    listener = listen_unix(cfg.address)   # bound here: errors are reported synchronously
+    r, w = os.pipe2(os.O_CLOEXEC)
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            chan.close()
+            os.close(r)
+            os.setsid()
+            if os.fork() != 0:
+                os._exit(0)
+            # Only stdio, the listener (3) and the ready pipe (4) survive: nothing of husk-cri's leaks.
+            import fcntl
+            lfd = listener.detach()     # the socket object must not close fd 3 when it is dropped
+            srcs = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10) for fd in (
+                os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC),
+                os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o640),
+                lfd, w)]
+            for target, src in zip((0, 1, 3, 4), srcs):
+                os.dup2(src, target, inheritable=False)
+            os.dup2(1, 2, inheritable=False)
+            os.closerange(5, 1 << 16)
+            listener = socket.socket(fileno=3)
+            os.chdir(cfg.bundle or "/")
+            setup_logging(cfg.id, bool(req.get("debug")))
+            code = serve(cfg, listener=listener, ready_fd=4)
+        except BaseException:
+            get_logger("husk-shim").exception("shim failed")
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(w)
+    listener.close()
+    os.waitpid(pid, 0)
+    data = b""
+    while True:
+        b = os.read(r, 64)
+        if not b:
+            break
+        data += b
+    os.close(r)
+    text = data.strip()
+    if not text.isdigit():
+        try:
+            os.unlink(cfg.address)
+        except OSError:
+            pass
+        raise SpawnError(f"shim for {cfg.id} exited before serving (log: {log_path})")
+    return {"pid": int(text), "address": f"unix://{cfg.address}"}

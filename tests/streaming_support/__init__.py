@@ -1,0 +1,1 @@
+"""Test clients and backends for the streaming server (independent of the server's framing code)."""

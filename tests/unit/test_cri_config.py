@@ -1,0 +1,95 @@
+"""husk-cri's config: defaults, the TOML file, flags over the file, precise errors."""
+from __future__ import annotations
+
+import tomllib
+
+import pytest
+from click.testing import CliRunner
+
+from cri_server import config as cfg
+from cri_server.cli import main
+
+
+def test_printed_defaults_parse_back_to_the_defaults():
+    text = cfg.to_toml(cfg.Config())
+    assert cfg.from_mapping(tomllib.loads(text)) == cfg.Config()
+
+
+def test_cli_prints_defaults():
+    out = CliRunner().invoke(main, ["config", "default"])
+    assert out.exit_code == 0, out.output
+    doc = tomllib.loads(out.output)
+    assert doc["server"]["listen"] == "/run/husk/cri.sock"
+    assert doc["server"]["socket_mode"] == "0660"
+    assert doc["cni"]["bin_dirs"] == ["/opt/cni/bin", "/usr/lib/cni"]
+    # Every field of every section is printed.
+    for section in ("server", "paths", "runtime", "cni", "registry", "streaming"):
+        assert set(doc[section]) == set(cfg.to_dict(cfg.Config())[section])
+
+
+def test_file_then_flags(tmp_path):
+    f = tmp_path / "cri.toml"
+    f.write_text('[paths]\nroot = "/srv/husk"\n[cni]\nbin_dirs = ["/x"]\nconf_dir = "/etc/x"\n')
+    out = CliRunner().invoke(main, ["--config", str(f), "--cni-bin-dir", "/a", "--cni-bin-dir", "/b",
+                                    "--listen", "unix:///run/t.sock", "--log-level", "debug",
+                                    "--sandbox-image", "local/pause:1", "--runtime", "runc",
+                                    "--registry-config-dir", "/etc/r", "--stream-address", "127.0.0.2",
+                                    "--state", "/run/t", "config", "show"])
+    assert out.exit_code == 0, out.output
+    doc = tomllib.loads(out.output)
+    assert doc["paths"] == {"root": "/srv/husk", "state": "/run/t"}
+    assert doc["cni"]["bin_dirs"] == ["/a", "/b"]          # the flag replaces the file's list
+    assert doc["cni"]["conf_dir"] == "/etc/x"              # untouched by flags
+    assert doc["server"]["listen"] == "unix:///run/t.sock"
+    assert doc["server"]["log_level"] == "debug"
+    assert doc["runtime"]["sandbox_image"] == "local/pause:1"
+    assert doc["runtime"]["runtime"] == "runc"
+    assert doc["registry"]["config_dir"] == "/etc/r"
+    assert doc["streaming"]["address"] == "127.0.0.2"
+
+
+def test_socket_path_forms():
+    for listen in ("/run/x.sock", "unix:///run/x.sock", "unix:/run/x.sock"):
+        c = cfg.with_overrides(cfg.Config(), {"listen": listen})
+        assert c.socket_path == "/run/x.sock"
+
+
+@pytest.mark.parametrize("text,key", [
+    ('[srever]\nlisten = "/x"\n', "srever"),
+    ('[server]\nlisten = 5\n', "server.listen"),
+    ('[server]\nlistn = "/x"\n', "server.listn"),
+    ('[server]\nsocket_mode = "999"\n', "server.socket_mode"),
+    ('[server]\nlisten = "relative.sock"\n', "server.listen"),
+    ('[cni]\nbin_dirs = "/opt/cni/bin"\n', "cni.bin_dirs"),
+    ('[cni]\nbin_dirs = ["relative"]\n', "cni.bin_dirs"),
+    ('[runtime]\nrestrict_oom_score_adj = "maybe"\n', "runtime.restrict_oom_score_adj"),
+    ('[runtime]\ncgroup_driver = "systemd"\n', "runtime.cgroup_driver"),
+    ('[runtime.handlers]\n"" = "runc"\n', "runtime.handlers"),
+    ('[paths]\nroot = "var/lib"\n', "paths.root"),
+])
+def test_invalid_file(tmp_path, text, key):
+    f = tmp_path / "bad.toml"
+    f.write_text(text)
+    with pytest.raises(cfg.ConfigError) as e:
+        cfg.load(str(f))
+    assert e.value.key == key
+    assert str(f) in str(e.value)
+
+
+def test_not_toml(tmp_path):
+    f = tmp_path / "bad.toml"
+    f.write_text("[server\n")
+    with pytest.raises(cfg.ConfigError, match="not valid TOML"):
+        cfg.load(str(f))
+
+
+def test_bad_flag_is_a_usage_error():
+    out = CliRunner().invoke(main, ["--listen", "relative.sock", "config", "show"])
+    assert out.exit_code == 2
+    assert "server.listen" in out.output
+
+
+def test_handlers_table(tmp_path):
+    f = tmp_path / "c.toml"
+    f.write_text('[runtime.handlers]\nrunc = "/usr/bin/runc"\ncrun = "crun"\n')
+    assert cfg.load(str(f)).runtime.handlers == {"runc": "/usr/bin/runc", "crun": "crun"}

@@ -1,0 +1,121 @@
+"""scripts/vm helpers without a VM: the cpio writer (round trip, device nodes, padding), module dependency
+order, .modinfo parsing from an ELF file, and vm-test's argument handling."""
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import stat
+import struct
+import sys
+from pathlib import Path
+
+import pytest
+
+TOP = Path(__file__).resolve().parents[2]
+
+
+def load(name: str, path: Path):
+    loader = importlib.machinery.SourceFileLoader(name, str(path))   # vm-test has no .py suffix
+    spec = importlib.util.spec_from_file_location(name, path, loader=loader)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+initramfs = load("initramfs", TOP / "scripts" / "vm" / "initramfs.py")
+
+
+def test_cpio_round_trip_keeps_names_modes_data_and_devices() -> None:
+    entries = [initramfs.dir_entry("bin"), initramfs.file_entry("bin/x", b"abc", 0o755),
+               initramfs.file_entry("empty", b""), initramfs.symlink_entry("bin/sh", "busybox"),
+               initramfs.chardev_entry("dev/console", 5, 1)]
+    blob = initramfs.write_cpio(entries)
+    assert len(blob) % 4 == 0
+    assert initramfs.read_cpio(blob) == entries
+    console = initramfs.read_cpio(blob)[-1]
+    assert stat.S_ISCHR(console.mode) and console.rdev == (5, 1)
+
+
+def test_cpio_is_reproducible() -> None:
+    entries = [initramfs.file_entry("a", b"1" * 7)]
+    assert initramfs.write_cpio(entries) == initramfs.write_cpio(entries)
+
+
+def test_modules_come_after_their_dependencies() -> None:
+    index = {n: Path(f"/m/{n}.ko") for n in ("9p", "9pnet", "9pnet_virtio", "netfs", "virtio_ring", "overlay")}
+    depends = {"9p": ["9pnet", "netfs"], "9pnet_virtio": ["9pnet", "virtio_ring", "virtio"], "9pnet": []}
+    order = initramfs.resolve_modules(["9pnet_virtio", "9p", "overlay"], index, {"virtio"}, depends)
+    assert order == ["9pnet", "virtio_ring", "9pnet_virtio", "netfs", "9p", "overlay"]
+
+
+def test_missing_module_and_cycles_are_reported() -> None:
+    index = {"a": Path("a.ko"), "b": Path("b.ko")}
+    with pytest.raises(ValueError, match="'c' .*needed by a"):
+        initramfs.resolve_modules(["a"], index, set(), {"a": ["c"]})
+    with pytest.raises(ValueError, match="cycle: a -> b -> a"):
+        initramfs.resolve_modules(["a"], index, set(), {"a": ["b"], "b": ["a"]})
+
+
+def fake_module(path: Path, modinfo: bytes) -> None:
+    """A minimal little-endian ELF64 with a section header table: null, .modinfo, .shstrtab."""
+    shstr = b"\0.modinfo\0.shstrtab\0"
+    body_off = 64
+    modinfo_off, shstr_off = body_off, body_off + len(modinfo)
+    shoff = shstr_off + len(shstr)
+    header = bytearray(64)
+    header[:6] = b"\x7fELF\x02\x01"
+    struct.pack_into("<Q", header, 0x28, shoff)
+    struct.pack_into("<HHH", header, 0x3A, 64, 3, 2)
+
+    def section(name: int, offset: int, size: int) -> bytes:
+        sh = bytearray(64)
+        struct.pack_into("<I", sh, 0, name)
+        struct.pack_into("<QQ", sh, 24, offset, size)
+        return bytes(sh)
+
+    path.write_bytes(bytes(header) + modinfo + shstr + section(0, 0, 0) + section(1, modinfo_off, len(modinfo))
+                     + section(10, shstr_off, len(shstr)))
+
+
+def test_modinfo_and_index_from_files(tmp_path: Path) -> None:
+    kdir = tmp_path / "kernel" / "fs"
+    kdir.mkdir(parents=True)
+    fake_module(kdir / "9p.ko", b"license=GPL\0depends=9pnet,netfs\0alias=fs-9p\0alias=9p2\0")
+    fake_module(kdir / "9pnet.ko", b"depends=\0")
+    fake_module(kdir / "netfs.ko", b"license=GPL\0")
+    (tmp_path / "modules.builtin").write_text("kernel/drivers/virtio/virtio.ko\n")
+    info = initramfs.modinfo(kdir / "9p.ko")
+    assert info["depends"] == "9pnet,netfs" and info["alias"] == "fs-9p"
+    index = initramfs.module_index(tmp_path)
+    assert set(index) == {"9p", "9pnet", "netfs"}
+    assert initramfs.builtin_modules(tmp_path) == {"virtio"}
+    assert initramfs.resolve_modules(["9p"], index, set()) == ["9pnet", "netfs", "9p"]
+
+
+def test_not_an_elf_file(tmp_path: Path) -> None:
+    (tmp_path / "x.ko").write_bytes(b"#!/bin/sh\n" + b"\0" * 64)
+    with pytest.raises(ValueError, match="not a little-endian ELF64"):
+        initramfs.modinfo(tmp_path / "x.ko")
+
+
+def test_vm_test_defaults_to_tests_vm(monkeypatch) -> None:
+    monkeypatch.syspath_prepend(str(TOP / "scripts" / "vm"))
+    for var in ("HUSK_VM_ACCEL", "HUSK_VM_TIMEOUT"):
+        monkeypatch.delenv(var, raising=False)
+    vm_test = load("vm_test", TOP / "scripts" / "vm-test")
+    assert vm_test.parse_args([])[1] == ["tests/vm"]
+    opts, args = vm_test.parse_args(["--timeout", "60", "-k", "oom", "-q"])
+    assert opts.timeout == 60 and args == ["-k", "oom", "-q", "tests/vm"]
+    assert vm_test.parse_args(["tests/vm/test_cgroup_v2_files.py::test_stats", "-x"])[1] == [
+        "tests/vm/test_cgroup_v2_files.py::test_stats", "-x"]
+    assert vm_test.parse_args([])[0].accel == "tcg"
+
+
+def test_paths_under_the_guests_tmpfs_are_bound_back(monkeypatch) -> None:
+    monkeypatch.syspath_prepend(str(TOP / "scripts" / "vm"))
+    vm_test = load("vm_test", TOP / "scripts" / "vm-test")
+    got = vm_test.hidden_paths([Path("/tmp/ci/repo"), Path("/tmp/ci/repo/.venv"), Path("/srv/repo"),
+                                Path("/run/x"), Path("/tmpfoo/y"), Path("/var/lib/husk/z")])
+    assert got == ["/run/x", "/tmp/ci/repo", "/var/lib/husk/z"]
