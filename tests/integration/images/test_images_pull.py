@@ -445,12 +445,21 @@ def test_shared_pull_survives_one_caller_giving_up(tmp_path, certs_dir, registry
                 await asyncio.wait_for(svc.pull("docker.io/husk-test/layered:v1"), 0.001)
             rec = await patient  # the other caller's pull was not cancelled with it
             assert svc.get(rec.id) is not None
-            # alone, a caller that gives up cancels the work: nothing gets recorded later
+            # alone, a caller that gives up cancels the work itself
             await svc.remove(rec.id)
             await svc.gc(wait=True)
+            started: list[asyncio.Task] = []  # type: ignore[type-arg]
+            real_pull = svc._pull
+
+            async def spy(*a, **kw):  # type: ignore[no-untyped-def]
+                started.append(asyncio.current_task())  # type: ignore[arg-type]
+                return await real_pull(*a, **kw)
+            svc._pull = spy  # type: ignore[method-assign]
             with pytest.raises(asyncio.TimeoutError):
                 await asyncio.wait_for(svc.pull("busybox"), 0.001)
-            await asyncio.sleep(0.5)
+            if started:  # the work had begun: it must end cancelled, not finish in the background
+                with pytest.raises(asyncio.CancelledError):
+                    await started[0]
             assert svc.list() == [] and not svc._pulls
         finally:
             await svc.close()
