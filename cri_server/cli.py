@@ -66,3 +66,13 @@ def config_default() -> None:
 def config_show(ctx: click.Context) -> None:
     """Print the effective configuration (file plus flags)."""
     click.echo(cfg.to_toml(_effective(ctx)), nl=False)
+
+
+def _mount_subcommands() -> None:
+    # `husk-cri images ...`: the image operator commands (cri_server/images/cli.py); importing them costs
+    # only click, so it is done here rather than on demand.
+    from cri_server.images.cli import images
+    main.add_command(images)
+
+
+_mount_subcommands()

@@ -1,0 +1,313 @@
+"""The content store: blobs by digest under `<root>/blobs/<algo>/<hex>`, written only after verification.
+
+Data goes to `<root>/ingest/<hex>.partial`, is checked for size and digest, fsynced and renamed into place, so a
+blob that exists is complete and correct. One download per digest at a time, across tasks (a shared future) and
+processes (flock); a short read keeps the partial file for a ranged resume. Knows nothing of registries.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from .errors import ContentError, DigestMismatch, NotFound, ShortRead, SizeMismatch
+from .locks import alock
+from .reference import InvalidReference, validate_digest
+
+log = logging.getLogger(__name__)
+
+CHUNK = 1 << 20
+
+# fetch(offset) -> (offset the data actually starts at, async iterator of chunks)
+Fetcher = Callable[[int], Awaitable[tuple[int, AsyncIterator[bytes]]]]
+ProgressFn = Callable[[int], None]  # called with the bytes of the blob present so far
+
+
+class Sink(Protocol):
+    async def feed(self, offset: int, chunk: bytes) -> None: ...
+
+
+def _split(digest: str) -> tuple[str, str]:
+    try:
+        validate_digest(digest)
+    except InvalidReference as e:
+        raise ContentError(f"bad digest {digest!r}: {e.reason}") from None
+    algo, hexpart = digest.split(":", 1)
+    return algo, hexpart
+
+
+def fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def hash_file(path: str, algo: str = "sha256", limit: int | None = None) -> tuple[str, int]:
+    """(digest, size) of a file's content, or of its first `limit` bytes."""
+    h = hashlib.new(algo)
+    n = 0
+    with open(path, "rb") as f:
+        while True:
+            want = CHUNK if limit is None else min(CHUNK, limit - n)
+            if want <= 0:
+                break
+            b = f.read(want)
+            if not b:
+                break
+            h.update(b)
+            n += len(b)
+    return f"{algo}:{h.hexdigest()}", n
+
+
+@dataclass(frozen=True)
+class BlobInfo:
+    digest: str
+    size: int
+
+
+class ContentStore:
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.ingest_dir = os.path.join(root, "ingest")
+        os.makedirs(os.path.join(root, "blobs", "sha256"), exist_ok=True)
+        os.makedirs(self.ingest_dir, exist_ok=True)
+        self._inflight: dict[str, asyncio.Future[str]] = {}
+
+    # -- reading ---------------------------------------------------------------------------------------------
+    def path(self, digest: str) -> str:
+        algo, hexpart = _split(digest)
+        return os.path.join(self.root, "blobs", algo, hexpart)
+
+    def exists(self, digest: str) -> bool:
+        return os.path.exists(self.path(digest))
+
+    def size(self, digest: str) -> int | None:
+        try:
+            return os.stat(self.path(digest)).st_size
+        except FileNotFoundError:
+            return None
+
+    def read(self, digest: str, max_size: int = 16 << 20) -> bytes:
+        """A small blob's bytes (manifests, configs), re-verified: they are cheap to hash and drive everything."""
+        p = self.path(digest)
+        try:
+            with open(p, "rb") as f:
+                data = f.read(max_size + 1)
+        except FileNotFoundError:
+            raise NotFound(f"blob {digest} is not in the content store") from None
+        if len(data) > max_size:
+            raise ContentError(f"blob {digest}: larger than {max_size} bytes")
+        algo, _ = _split(digest)
+        actual = f"{algo}:{hashlib.new(algo, data).hexdigest()}"
+        if actual != digest:
+            raise DigestMismatch(f"stored blob {p}", digest, actual)
+        return data
+
+    def list(self) -> list[BlobInfo]:
+        out = []
+        base = os.path.join(self.root, "blobs")
+        for algo in os.listdir(base):
+            d = os.path.join(base, algo)
+            with os.scandir(d) as it:
+                for e in it:
+                    if e.is_file(follow_symlinks=False):
+                        out.append(BlobInfo(f"{algo}:{e.name}", e.stat(follow_symlinks=False).st_size))
+        return out
+
+    def verify(self, digest: str) -> None:
+        algo, _ = _split(digest)
+        actual, _n = hash_file(self.path(digest), algo)
+        if actual != digest:
+            raise DigestMismatch(f"stored blob {self.path(digest)}", digest, actual)
+
+    # -- writing ---------------------------------------------------------------------------------------------
+    def _commit(self, tmp: str, digest: str) -> str:
+        dst = self.path(digest)
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        os.rename(tmp, dst)
+        fsync_dir(os.path.dirname(dst))
+        return dst
+
+    def put_bytes(self, data: bytes, expected: str | None = None, what: str = "blob") -> str:
+        """Store `data`; if `expected` is given it must be its digest. Returns the digest."""
+        algo = _split(expected)[0] if expected else "sha256"
+        digest = f"{algo}:{hashlib.new(algo, data).hexdigest()}"
+        if expected and digest != expected:
+            raise DigestMismatch(what, expected, digest)
+        if self.exists(digest):
+            return digest
+        fd, tmp = tempfile.mkstemp(dir=self.ingest_dir, prefix="bytes-")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            self._commit(tmp, digest)
+        except BaseException:
+            _unlink(tmp)
+            raise
+        return digest
+
+    def put_file(self, src: str, expected: str | None = None, expected_size: int | None = None,
+                 what: str | None = None) -> BlobInfo:
+        """Copy a local file in (imports), verifying size and digest when given."""
+        what = what or src
+        algo = _split(expected)[0] if expected else "sha256"
+        h = hashlib.new(algo)
+        fd, tmp = tempfile.mkstemp(dir=self.ingest_dir, prefix="file-")
+        n = 0
+        try:
+            with os.fdopen(fd, "wb") as out, open(src, "rb") as inp:
+                while b := inp.read(CHUNK):
+                    h.update(b)
+                    out.write(b)
+                    n += len(b)
+                digest = f"{algo}:{h.hexdigest()}"
+                if expected_size is not None and n != expected_size:
+                    raise SizeMismatch(what, expected_size, n)
+                if expected and digest != expected:
+                    raise DigestMismatch(what, expected, digest)
+                out.flush()
+                os.fsync(out.fileno())
+            if self.exists(digest):
+                _unlink(tmp)
+            else:
+                self._commit(tmp, digest)
+        except BaseException:
+            _unlink(tmp)
+            raise
+        return BlobInfo(digest, n)
+
+    async def ingest(self, digest: str, size: int, fetch: Fetcher, what: str = "",
+                     progress: ProgressFn | None = None, sink: Sink | None = None) -> str:
+        """Make `digest` present, downloading it with `fetch` unless it is there or being fetched already.
+        `sink.feed(offset, chunk)` sees every chunk this call writes (not chunks another caller writes)."""
+        _split(digest)
+        if self.exists(digest):
+            return self.path(digest)
+        fut = self._inflight.get(digest)
+        if fut is not None:
+            await asyncio.shield(fut)
+            return self.path(digest)
+        fut = asyncio.get_running_loop().create_future()
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # consumed: no "never retrieved" noise
+        self._inflight[digest] = fut
+        try:
+            await self._ingest_locked(digest, size, fetch, what or digest, progress, sink)
+            fut.set_result(self.path(digest))
+        except BaseException as e:
+            if isinstance(e, asyncio.CancelledError):
+                fut.cancel()
+            else:
+                fut.set_exception(e)
+            raise
+        finally:
+            del self._inflight[digest]
+        return self.path(digest)
+
+    async def _ingest_locked(self, digest: str, size: int, fetch: Fetcher, what: str,
+                             progress: ProgressFn | None, sink: Sink | None = None) -> None:
+        algo, hexpart = _split(digest)
+        lockp = os.path.join(self.ingest_dir, f"{hexpart}.lock")
+        partial = os.path.join(self.ingest_dir, f"{hexpart}.partial")
+        async with alock(lockp):
+            if self.exists(digest):  # another process finished it while we waited
+                return
+            h = hashlib.new(algo)
+            offset = 0
+            if os.path.exists(partial):
+                have = os.stat(partial).st_size
+                if 0 < have <= size:
+                    _d, offset = await asyncio.to_thread(_rehash, h, partial, have)
+                    log.info("%s: resuming at %d of %d bytes", what, offset, size)
+                else:
+                    _unlink(partial)
+            start, chunks = await fetch(offset)
+            if start != offset:
+                if start != 0:
+                    raise ContentError(f"{what}: server resumed at {start}, wanted {offset} or 0")
+                h = hashlib.new(algo)
+                offset = 0
+            written = offset
+            fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                os.ftruncate(fd, offset)
+                os.lseek(fd, offset, os.SEEK_SET)
+                if progress:
+                    progress(offset)
+                async for chunk in chunks:
+                    written += len(chunk)
+                    if written > size:
+                        _unlink(partial)
+                        raise SizeMismatch(what, size, written)
+                    h.update(chunk)
+                    _write_all(fd, chunk)
+                    if progress:
+                        progress(written)
+                    if sink is not None:
+                        await sink.feed(written - len(chunk), chunk)
+                await asyncio.to_thread(os.fsync, fd)
+            finally:
+                os.close(fd)
+            if written < size:
+                raise ShortRead(what, size, written)
+            actual = f"{algo}:{h.hexdigest()}"
+            if actual != digest:
+                _unlink(partial)
+                raise DigestMismatch(what, digest, actual)
+            self._commit(partial, digest)
+            _unlink(lockp)  # harmless if a waiter re-creates it: it finds the blob and leaves
+
+    def delete(self, digest: str) -> bool:
+        try:
+            os.unlink(self.path(digest))
+            return True
+        except FileNotFoundError:
+            return False
+
+    def clean_ingest(self, partial_max_age: float = 24 * 3600) -> int:
+        """Remove leftovers of finished or abandoned writes (call under the exclusive GC lock: nobody is
+        writing). Partial downloads are kept for a resume unless older than `partial_max_age` seconds."""
+        n = 0
+        now = time.time()
+        for name in os.listdir(self.ingest_dir):
+            p = os.path.join(self.ingest_dir, name)
+            stale_partial = name.endswith(".partial") and now - os.lstat(p).st_mtime > partial_max_age
+            if name.startswith(("bytes-", "file-")) or name.endswith(".lock") or stale_partial:
+                _unlink(p)
+                n += 1
+        return n
+
+
+def _rehash(h: hashlib._Hash, path: str, n: int) -> tuple[str, int]:
+    got = 0
+    with open(path, "rb") as f:
+        while got < n:
+            b = f.read(min(CHUNK, n - got))
+            if not b:
+                break
+            h.update(b)
+            got += len(b)
+    return "", got
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    mv = memoryview(data)
+    while mv:
+        n = os.write(fd, mv)
+        mv = mv[n:]
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
