@@ -6,7 +6,9 @@ Protocol (every packet is one message: 1 kind byte, then the payload):
                    0x02 CLOSE_STDIN          closes the process's stdin
   shim -> client   0x01 STDOUT <bytes>, 0x02 STDERR <bytes>   every chunk, to every attached client
                    0x03 EXIT >I exit status  after the output the process wrote before exiting; then close
-A client that falls more than MAX_QUEUED bytes behind is disconnected (the log and fifos never wait for it).
+A client that falls more than MAX_QUEUED bytes behind is disconnected (the log and fifos never wait for it),
+unless the process's output waits for its attached clients (exec processes, see ProcessIO): then the shim
+stops reading the process's output while a client is HIGH_WATER bytes behind, and on_drained resumes it.
 """
 from __future__ import annotations
 
@@ -30,19 +32,22 @@ STDIN, RESIZE, CLOSE_STDIN = 0x00, 0x01, 0x02
 STDOUT, STDERR, EXIT = 0x01, 0x02, 0x03
 MAX_PACKET = 64 * 1024 + 1
 MAX_QUEUED = 4 << 20
+HIGH_WATER = 1 << 20
 _SIZE = struct.Struct(">HH")
 
 
 class AttachServer:
     def __init__(self, loop: Loop, path: str, on_stdin: Callable[[bytes], None],
                  on_resize: Callable[[int, int], None], on_close_stdin: Callable[[], None],
-                 on_detach: Callable[[], None] | None = None) -> None:
+                 on_detach: Callable[[], None] | None = None,
+                 on_drained: Callable[[], None] | None = None) -> None:
         self.loop = loop
         self.path = path
         self.on_stdin = on_stdin
         self.on_resize = on_resize
         self.on_close_stdin = on_close_stdin
         self.on_detach = on_detach
+        self.on_drained = on_drained
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
         try:
             os.unlink(path)
@@ -69,6 +74,14 @@ class AttachServer:
             if self.exit_status is not None:
                 client.send(bytes([EXIT]) + struct.pack(">I", self.exit_status))
                 client.close_after_flush()
+
+    def backlog(self) -> int:
+        """Bytes queued for the slowest attached client."""
+        return max((c.queued for c in self.clients.values()), default=0)
+
+    def _drained(self) -> None:
+        if self.on_drained is not None:
+            self.on_drained()
 
     def broadcast(self, kind: int, data: bytes) -> None:
         if not self.clients:
@@ -162,6 +175,8 @@ class _Client:
         self.server.loop.remove_writer(self.fd)
         if self.closing:
             self.close()
+        else:
+            self.server._drained()
 
     def close_after_flush(self) -> None:
         self.closing = True
@@ -177,6 +192,7 @@ class _Client:
         self.server.clients.pop(self.fd, None)
         if self.server.on_detach is not None:
             self.server.on_detach()
+        self.server._drained()      # its backlog is gone: output held back for it may flow again
 
 
 class AttachClient:
