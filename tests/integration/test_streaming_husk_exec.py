@@ -276,3 +276,28 @@ def test_exec_fails_cleanly_when_the_shim_refuses(box, targets):
             assert st["status"] == "Failure"
             assert st["reason"] in ("InternalError", "NonZeroExitCode")
     run(main)
+
+
+def test_bad_requests_start_nothing(box, targets):
+    """Expired, reused and unknown tokens, and subprotocols nobody speaks: clean HTTP errors, and no
+    exec ever reaches the shim."""
+    async def main():
+        async with serving(targets, (box,), token_ttl=0.0) as srv:
+            reply, client = await spdy_connect(srv.get_exec_url(ExecRequest(box.cid, ("true",), stdout=True)),
+                                               ["v4.channel.k8s.io"])
+            assert client is None and reply.status == 404  # expired at once (TTL 0)
+        async with serving(targets, (box,)) as srv:
+            url = srv.get_exec_url(ExecRequest(box.cid, ("sleep", "100000"), stdout=True))
+            reply, client = await spdy_connect(url, ["v9.channel.k8s.io"])
+            assert client is None and reply.status == 403
+            assert "v4.channel.k8s.io" in reply.headers["x-accepted-stream-protocol-versions"]
+            reply, client = await spdy_connect(url, ["v4.channel.k8s.io"])
+            assert client is None and reply.status == 404  # the token was used by the refused attempt
+            with pytest.raises(Exception) as exc:
+                await ws_open(srv.get_exec_url(ExecRequest(box.cid, ("sleep", "100000"), stdout=True)),
+                              ["v9.channel.k8s.io"])
+            assert getattr(exc.value, "response", None) is not None and exc.value.response.status_code == 403
+            reply, client = await spdy_connect(srv.base_url + "/exec/AAAAAAAAAAA", ["v4.channel.k8s.io"])
+            assert client is None and reply.status == 404
+        assert box.pids() == [box.init_pid] and not box.leftover_execs()
+    run(main)
