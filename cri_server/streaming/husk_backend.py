@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from shim import attach as shim_attach
 from shim.client import AsyncTtrpcClient
 
-from .backend import InputStream, OutputStream, ResizeQueue, StreamIO, TargetNotFound, TargetNotRunning
+from .backend import InputStream, OutputStream, ResizeQueue, StreamIO, TargetNotFound, TargetNotRunning, TerminalSize
 from .netns import open_connection_in_netns
 from .requests import AttachRequest, ExecRequest, PortForwardRequest
 from .shimexec import CALL_TIMEOUT, AttachChannel, ShimError, ShimExec, close_shielded
@@ -25,6 +25,9 @@ from .transport import cancel_and_wait
 __all__ = ["ContainerTarget", "HuskStreamBackend", "StreamTargets", "pump_output"]
 
 log = logging.getLogger("husk.cri.streaming")
+
+# How long a TTY exec waits for the client's first terminal size before it starts without one.
+FIRST_SIZE_WAIT = 0.5
 
 
 class AttachChannelLost(ConnectionError):
@@ -78,11 +81,24 @@ async def _pump_resize(queue: ResizeQueue, apply: Callable[[int, int], Awaitable
                         extra={"container_id": cid})
 
 
+async def _first_size(queue: ResizeQueue, wait: float) -> TerminalSize | None:
+    """The client's initial terminal size, if it comes within `wait` seconds (kubectl and crictl send it
+    right after opening their streams; a client without a terminal never does)."""
+    while True:
+        try:
+            size = await asyncio.wait_for(queue.get(), wait)
+        except asyncio.TimeoutError:
+            return None
+        if size is None or (size.width and size.height):
+            return size
+
+
 class HuskStreamBackend:
     """StreamBackend over husk-shim. One ttrpc connection to the container's shim per session."""
 
-    def __init__(self, targets: StreamTargets) -> None:
+    def __init__(self, targets: StreamTargets, first_size_wait: float = FIRST_SIZE_WAIT) -> None:
         self._targets = targets
+        self._first_size_wait = first_size_wait
 
     async def _running(self, container_id: str) -> ContainerTarget:
         target = await self._targets.container(container_id)
@@ -101,9 +117,11 @@ class HuskStreamBackend:
 
     async def exec(self, container_id: str, cmd: list[str], io: StreamIO) -> int:
         target = await self._running(container_id)
+        first = await _first_size(io.resize, self._first_size_wait) if io.tty and io.resize is not None else None
         proc = await ShimExec.create(target.shim_address, container_id, cmd, tty=io.tty,
                                      stdin=io.stdin is not None, stdout=io.stdout is not None,
-                                     stderr=io.stderr is not None)
+                                     stderr=io.stderr is not None,
+                                     console_size=(first.width, first.height) if first is not None else None)
         extra = {"container_id": container_id}
         helpers: list[asyncio.Task] = []
         try:

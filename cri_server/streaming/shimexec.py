@@ -98,10 +98,13 @@ class AttachChannel:
             self._sock.close()
 
 
-def exec_process_spec(container_process: dict[str, Any], cmd: Sequence[str], tty: bool) -> dict[str, Any]:
+def exec_process_spec(container_process: dict[str, Any], cmd: Sequence[str], tty: bool,
+                      console_size: tuple[int, int] | None = None) -> dict[str, Any]:
     """The OCI process of an exec: the container's own process (user, env, cwd, capabilities, rlimits,
     no_new_privileges, AppArmor/SELinux labels) with the exec's args and terminal, as containerd's CRI
-    plugin builds it. A TTY gets TERM=xterm (replacing any TERM)."""
+    plugin builds it. A TTY gets TERM=xterm (replacing any TERM) and, when the client already sent its
+    size, that size as consoleSize (width, height): the runtime sizes the terminal before the process
+    runs, so a first `stty size` cannot see 0 0."""
     spec = copy.deepcopy(container_process)
     spec["args"] = list(cmd)
     spec.pop("commandLine", None)  # Windows-only, and it would override args
@@ -109,6 +112,12 @@ def exec_process_spec(container_process: dict[str, Any], cmd: Sequence[str], tty
     if tty:
         env = [e for e in spec.get("env") or [] if not e.startswith("TERM=")]
         spec["env"] = env + ["TERM=xterm"]
+        if console_size is not None:
+            spec["consoleSize"] = {"width": console_size[0], "height": console_size[1]}
+        else:
+            spec.pop("consoleSize", None)  # the container's own size is not the client's
+    else:
+        spec.pop("consoleSize", None)
     return spec
 
 
@@ -146,14 +155,15 @@ class ShimExec:
 
     @classmethod
     async def create(cls, shim_address: str, container_id: str, cmd: Sequence[str], *, tty: bool,
-                     stdin: bool, stdout: bool, stderr: bool) -> ShimExec:
+                     stdin: bool, stdout: bool, stderr: bool,
+                     console_size: tuple[int, int] | None = None) -> ShimExec:
         """Exec (not started yet) with the container's process settings; stdio through the attach socket."""
         client = await AsyncTtrpcClient.connect(shim_address)
         exec_id = new_exec_id()
         created = False
         try:
             state = await client.task("State", timeout=CALL_TIMEOUT, id=container_id)
-            process = exec_process_spec(load_container_process(state.bundle), cmd, tty)
+            process = exec_process_spec(load_container_process(state.bundle), cmd, tty, console_size)
             spec = google.Any(type_url=PROCESS_SPEC_TYPE, value=json.dumps(process).encode())
             await client.task("Exec", timeout=CALL_TIMEOUT, id=container_id, exec_id=exec_id, terminal=tty,
                               stdin="attach:" if stdin else "", stdout="attach:" if stdout else "",

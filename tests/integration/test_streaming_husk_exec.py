@@ -301,3 +301,19 @@ def test_bad_requests_start_nothing(box, targets):
             assert client is None and reply.status == 404
         assert box.pids() == [box.init_pid] and not box.leftover_execs()
     run(main)
+
+
+@pytest.mark.parametrize("transport", ["spdy", "ws"])
+def test_exec_tty_starts_with_the_client_terminal_size(box, targets, transport):
+    """The client's first size becomes the exec's consoleSize: the very first `stty size` sees it (no race
+    between the process starting and a later ResizePty)."""
+    async def main():
+        # A generous wait for the first size makes the test independent of the machine's load.
+        async with serving(targets, (box,), first_size_wait=60.0) as srv:
+            url = srv.get_exec_url(ExecRequest(box.cid, ("stty", "size"), tty=True, stdout=True))
+            if transport == "spdy":
+                res = await spdy_exec(url, tty=True, resizes=((123, 45),))
+            else:
+                res = await ws_exec(url, resizes=((123, 45),))
+            assert res.stdout == b"45 123\r\n"
+    run(main)

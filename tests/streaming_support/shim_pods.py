@@ -113,12 +113,12 @@ class Targets:
 
 
 @contextlib.asynccontextmanager
-async def serving(targets: Targets, containers: tuple[ShimContainer, ...] = (),
+async def serving(targets: Targets, containers: tuple[ShimContainer, ...] = (), first_size_wait: float = 0.5,
                   **options: object) -> AsyncIterator[StreamingServer]:
     """A StreamingServer with HuskStreamBackend; on exit: stopped, no task left on the loop, and each
     listed container back to its init process alone, with no exec left in its shim."""
     before = set(asyncio.all_tasks())
-    srv = StreamingServer(("127.0.0.1", 0), HuskStreamBackend(targets), options=StreamingOptions(**options))  # type: ignore[arg-type]
+    srv = StreamingServer(("127.0.0.1", 0), HuskStreamBackend(targets, first_size_wait), options=StreamingOptions(**options))  # type: ignore[arg-type]
     await srv.start()
     try:
         yield srv
