@@ -2,6 +2,7 @@
 WebSocket. Detaching leaves the container running; the session ends when the container exits."""
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -77,16 +78,23 @@ def test_attach_output_fans_out_to_two_sessions(containers):
             a = await _attach_spdy(srv.get_attach_url(AttachRequest(box.cid, stdin=True, stdout=True, stderr=True)))
             ws = await ws_open(srv.get_attach_url(AttachRequest(box.cid, stdout=True)), ["v4.channel.k8s.io"])
             assert decode(ws.subprotocol, await ws.recv()) == (STDOUT, b"")
-            # The WebSocket session is attached once a line sent through the first one reaches it.
-            got = b""
+            got = bytearray()
+
+            async def collect() -> None:
+                async for msg in ws:
+                    got.extend(decode(ws.subprotocol, msg)[1])
+            reader = asyncio.create_task(collect())
+            # The WebSocket session is attached once a line sent through the first one reaches it;
+            # lines sent before that are not for it (attach shows live output only).
             while b"got:sync" not in got:
                 await a[2].send(b"sync\n")
-                got += decode(ws.subprotocol, await ws.recv())[1]
+                await asyncio.sleep(0.05)
             await a[2].send(b"both\n")
-            line = b""
-            while not line.endswith(b"got:both\n"):
-                line += decode(ws.subprotocol, await ws.recv())[1]
+            while not got.endswith(b"got:both\n"):
+                await asyncio.sleep(0.01)
+            assert await a[3].read_chunk() == b"got:sync\n"  # the first session saw everything
             await ws.close()
+            await reader
             await a[0].close()
     run(main)
 

@@ -51,6 +51,22 @@ class ShimContainer:
         with self.shim.client() as c:
             return c.State(id=self.cid).status
 
+    def shim_children(self) -> list[int]:
+        """Live (non-zombie) host processes whose parent is the shim: its container init, and any exec
+        or runtime process still around."""
+        out = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == self.shim.proc.pid and fields[0] != "Z":
+                out.append(int(entry))
+        return sorted(out)
+
     def leftover_execs(self) -> list[str]:
         """Exec processes the shim still holds (each has an attach socket until it is deleted)."""
         return sorted(os.path.basename(p) for p in glob.glob(os.path.join(self.shim.state_dir, "attach-*.sock")))
@@ -139,6 +155,8 @@ async def assert_no_leaks(c: ShimContainer) -> None:
     if await loop.run_in_executor(None, c.status) == task_types.Status.RUNNING:  # only its init may be left
         pids = await loop.run_in_executor(None, c.pids)
         assert pids == [c.init_pid], f"{c.cid}: processes besides the init {c.init_pid}: {pids}"
+        children = await loop.run_in_executor(None, c.shim_children)
+        assert children == [c.init_pid], f"{c.cid}: the shim has children besides the init: {children}"
 
 
 async def wait_until(pred, what: str, limit: float = 60.0, step: float = 0.02):
