@@ -9,6 +9,7 @@ Protocol (every packet is one message: 1 kind byte, then the payload):
 A client that falls more than MAX_QUEUED bytes behind is disconnected (the log and fifos never wait for it),
 unless the process's output waits for its attached clients (exec processes, see ProcessIO): then the shim
 stops reading the process's output while a client is HIGH_WATER bytes behind, and on_drained resumes it.
+While the process's stdin buffer is full the shim reads no client packets (pause_input/resume_input).
 """
 from __future__ import annotations
 
@@ -57,6 +58,7 @@ class AttachServer:
         self.sock.listen(16)
         self.clients: dict[int, _Client] = {}
         self.exit_status: int | None = None
+        self.input_paused = False   # the process's stdin buffer is full: clients' packets wait in their sockets
         loop.add_reader(self.sock.fileno(), self._accept)
 
     def _accept(self) -> None:
@@ -74,6 +76,19 @@ class AttachServer:
             if self.exit_status is not None:
                 client.send(bytes([EXIT]) + struct.pack(">I", self.exit_status))
                 client.close_after_flush()
+
+    def pause_input(self) -> None:
+        """Stop reading clients' packets (their senders block once the socket buffers are full)."""
+        if not self.input_paused:
+            self.input_paused = True
+            for client in self.clients.values():
+                self.loop.remove_reader(client.fd)
+
+    def resume_input(self) -> None:
+        if self.input_paused:
+            self.input_paused = False
+            for client in list(self.clients.values()):
+                self.loop.add_reader(client.fd, client._on_read)
 
     def backlog(self) -> int:
         """Bytes queued for the slowest attached client."""
@@ -122,7 +137,8 @@ class _Client:
         self.queued = 0
         self.closing = False
         self.closed = False
-        server.loop.add_reader(self.fd, self._on_read)
+        if not server.input_paused:
+            server.loop.add_reader(self.fd, self._on_read)
 
     def _on_read(self) -> None:
         try:

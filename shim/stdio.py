@@ -360,6 +360,10 @@ class ProcessIO:
             return
         self._stdin_buf += data
         self._flush_stdin()
+        if len(self._stdin_buf) >= MAX_STDIN_BUFFER and self.attach is not None:
+            # The process is not reading its stdin: hold attached clients back instead of buffering
+            # without bound (their packets wait in the sockets; kubectl feels back-pressure).
+            self.attach.pause_input()
 
     def _flush_stdin(self) -> None:
         while self._stdin_buf and self._stdin_w >= 0:
@@ -376,6 +380,8 @@ class ProcessIO:
             self.loop.remove_writer(self._stdin_w)
         if self._stdin_source >= 0 and len(self._stdin_buf) < MAX_STDIN_BUFFER:
             self.loop.add_reader(self._stdin_source, self._on_stdin_source)
+        if self.attach is not None and len(self._stdin_buf) < MAX_STDIN_BUFFER:
+            self.attach.resume_input()
         if self._stdin_closing:
             self._really_close_stdin()
 

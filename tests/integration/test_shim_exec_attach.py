@@ -82,3 +82,45 @@ def test_async_client_calls_fail_after_the_connection_ends(running):
         with pytest.raises(ConnectionError):
             await client.task("Connect", id=running.cid)
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def _peak_rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmHWM")
+
+
+def test_stdin_from_an_attached_client_is_held_back_while_the_process_does_not_read(running, tmp_path):
+    """64 MiB sent to an exec that reads nothing until a gate file appears: the shim stops taking the
+    client's packets once 1 MiB waits (before, it buffered everything: its peak memory grew by the
+    whole input). Every byte still arrives once the process reads."""
+    import threading
+    n = 64 << 20
+    rootfs = tmp_path / running.cid / "rootfs"
+    before = _peak_rss_kib(running.proc.pid)
+    with running.client() as c:
+        c.Exec(id=running.cid, exec_id="gated", stdin="attach:", stdout="attach:",
+               spec=_spec(["sh", "-c", "while [ ! -e /tmp/gate ]; do sleep 0.05; done; wc -c"]))
+        a = AttachClient(c.AttachInfo(id=running.cid, exec_id="gated").path, timeout=120)
+        c.Start(id=running.cid, exec_id="gated")
+
+        def send() -> None:
+            chunk = b"x" * (1 << 20)
+            for _ in range(n >> 20):
+                a.write_stdin(chunk)
+            a.close_stdin()
+        sender = threading.Thread(target=send)
+        sender.start()
+        # Liveness only: with the fix the sender blocks here until the process reads; without it the
+        # sender finishes at once and the shim holds all of it.
+        sender.join(timeout=3)
+        (rootfs / "tmp" / "gate").write_text("")
+        sender.join()
+        out, err, status = a.read_all()
+        a.close()
+        assert (out.strip(), status) == (str(n).encode(), 0)
+        c.Delete(id=running.cid, exec_id="gated")
+    grown_mib = (_peak_rss_kib(running.proc.pid) - before) / 1024
+    assert grown_mib < 16, f"the shim's peak memory grew by {grown_mib:.0f} MiB"
