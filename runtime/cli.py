@@ -144,6 +144,6 @@ VERBS: dict[str, Callable[..., int]] = {
 }
 
 
-def entry() -> None:  # pragma: no cover - used by the launcher
+if __name__ == "__main__":
     sys.exit(main())
 

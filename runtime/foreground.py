@@ -33,6 +33,10 @@ def run(root: str, container_id: str, bundle: str, *, detach: bool, console_sock
         if proxy is not None:
             proxy.close()
         raise
+    if not detach:
+        # before start: a signal that arrives as soon as the process runs must reach it, not kill us
+        for sig in FORWARDED:
+            signal.signal(sig, lambda s, _f: _forward(pid, s))
     try:
         lifecycle.start(root, container_id)
     except BaseException:
@@ -42,8 +46,6 @@ def run(root: str, container_id: str, bundle: str, *, detach: bool, console_sock
         raise
     if detach:
         return 0
-    for sig in FORWARDED:
-        signal.signal(sig, lambda s, _f: _forward(pid, s))
     try:
         code = proxy.pump(pid) if proxy is not None else _wait(pid)
     finally:
