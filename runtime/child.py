@@ -24,6 +24,8 @@ def run(ctx: "CreateContext", chan: "Channel") -> None:
     try:
         chan.expect("go")  # the parent has put us in the container's cgroup
         cfg = ctx.cfg
+        from runtime import init
+        init.preload(cfg.raw)
         userns_new = cfg.new_ns("user")
         if not userns_new:
             # CVE-2019-5736 class: nothing in the container may open /proc/<us>/exe (the host interpreter)
@@ -66,7 +68,6 @@ def run(ctx: "CreateContext", chan: "Channel") -> None:
                 f.write(lines)
         pid = os.fork()
         if pid == 0:
-            from runtime import init
             init.run(ctx, chan)  # never returns
         chan.send("pid", str(pid))
         os._exit(0)

@@ -47,11 +47,16 @@ def run(ctx: "CreateContext", chan: "Channel") -> None:
 
 
 def preload(cfg_raw: dict) -> None:
-    """Imports every module needed after pivot_root/setns(mnt), when the runtime's files are out of reach."""
+    """Imports every module the later stages need. Called before entering a user namespace (whose root may not
+    read the interpreter's files) and before pivot_root/setns(mnt) (after which they are out of reach)."""
     import resource  # noqa: F401
     import select  # noqa: F401
+    import shutil  # noqa: F401
     import stat  # noqa: F401
-    from runtime import capabilities, hooks, process  # noqa: F401
+    from runtime import capabilities, hooks, process, rootfs  # noqa: F401
+    from runtime.cgroups import v1  # noqa: F401
+    if any(n.get("type") == "network" and not n.get("path") for n in (cfg_raw.get("linux") or {}).get("namespaces") or []):
+        from runtime import network  # noqa: F401
     if (cfg_raw.get("process") or {}).get("terminal"):
         from runtime import console  # noqa: F401
     if (cfg_raw.get("linux") or {}).get("seccomp"):
@@ -86,7 +91,7 @@ def _setup(ctx: "CreateContext", chan: "Channel") -> str:
         from runtime import hooks as hk
         hk.run("createContainer", hooks["createContainer"], ctx.hook_state(_host_pid(), "created"),
                container_id=ctx.container_id)
-    fifo_fd = os.open(ctx.fifo_path, os.O_PATH | os.O_CLOEXEC)
+    fifo_fd = ctx.fifo_fd
     ctx.host_pid = _host_pid()
     fs.pivot(ctx.no_pivot)
     if cfg.raw.get("hostname"):

@@ -32,6 +32,7 @@ class CreateContext:
     state_dir: str
     fifo_path: str
     cgroup_path: str
+    fifo_fd: int = -1
     console_fd: int = -1
     no_pivot: bool = False
     no_new_keyring: bool = False
@@ -72,6 +73,9 @@ def create(root: str, container_id: str, cfg: Config, *, console_socket: str | N
             os.mkfifo(fifo, 0o622)
         finally:
             os.umask(old)
+        # opened here and inherited: the init may run as a uid that cannot reach the state dir (user ns)
+        fifo_fd = os.open(fifo, os.O_PATH | os.O_CLOEXEC)
+        undo.callback(_close, fifo_fd)
         mgr = cgroups.manager_for(cgroup_path)
         existed = mgr.exists()
         mgr.create()
@@ -84,7 +88,7 @@ def create(root: str, container_id: str, cfg: Config, *, console_socket: str | N
             console_fd = console.connect(console_socket)
             undo.callback(_close, console_fd)
         ctx = CreateContext(cfg=cfg, container_id=container_id, state_dir=state_dir, fifo_path=fifo,
-                            cgroup_path=cgroup_path, console_fd=console_fd, no_pivot=no_pivot,
+                            cgroup_path=cgroup_path, fifo_fd=fifo_fd, console_fd=console_fd, no_pivot=no_pivot,
                             no_new_keyring=no_new_keyring, preserve_fds=preserve_fds, extra_env=extra_env)
         parent_chan, child_chan = pair()
         undo.callback(parent_chan.close)
@@ -109,6 +113,7 @@ def create(root: str, container_id: str, cfg: Config, *, console_socket: str | N
             st.write_pid_file(pid_file, init_pid)
         if console_fd >= 0:
             os.close(console_fd)
+        os.close(fifo_fd)
         parent_chan.close()
         lock.release()
         undo.pop_all()
