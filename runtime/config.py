@@ -6,7 +6,6 @@ Errors are runtime.errors.ConfigError naming the JSON path and the reason.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.errors import ConfigError
@@ -34,19 +33,27 @@ RLIMITS = {
 HOOK_KINDS = ("prestart", "createRuntime", "createContainer", "startContainer", "poststart", "poststop")
 
 
-@dataclass(frozen=True)
+# Records here are plain classes with __slots__, not dataclasses: `dataclasses` imports inspect, which would
+# add tens of milliseconds to every `create`.
 class Namespace:
-    type: str          # OCI name: pid, network, mount, ipc, uts, user, cgroup, time
-    path: str | None   # join this namespace (setns) instead of creating one
+    __slots__ = ("type", "path")
+
+    def __init__(self, type: str, path: str | None) -> None:
+        self.type = type   # OCI name: pid, network, mount, ipc, uts, user, cgroup, time
+        self.path = path   # join this namespace (setns) instead of creating one
+
+    def __repr__(self) -> str:
+        return f"Namespace({self.type!r}, {self.path!r})"
 
 
-@dataclass
 class Config:
     """A validated config.json: the raw dict (what hooks, cgroups and exec read) plus derived facts."""
-    raw: dict[str, Any]
-    bundle: str
-    rootfs: str                                   # absolute path of root.path
-    namespaces: list[Namespace] = field(default_factory=list)
+
+    def __init__(self, raw: dict[str, Any], bundle: str, rootfs: str) -> None:
+        self.raw = raw
+        self.bundle = bundle
+        self.rootfs = rootfs                       # absolute path of root.path
+        self.namespaces: list[Namespace] = []
 
     def ns(self, kind: str) -> Namespace | None:
         for n in self.namespaces:

@@ -6,7 +6,9 @@ parsers agree on the command lines containerd and podman send.
 """
 from __future__ import annotations
 
-from typing import Any
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 from runtime.cli import DEFAULT_ROOT, Globals
 

@@ -5,17 +5,15 @@ Used by the runtime process (prestart, createRuntime, poststart, poststop) and b
 """
 from __future__ import annotations
 
-import logging
 import os
 import select
 import signal
 import time
 from typing import Any
 
+from runtime import logutil
 from runtime.errors import SetupError
 from runtime.linux import syscalls as sc
-
-log = logging.getLogger("husk.hooks")
 OUTPUT_LIMIT = 64 * 1024
 
 
@@ -29,7 +27,7 @@ def run(kind: str, hooks: list[dict[str, Any]], state_json: str, *, container_id
         except SetupError as e:
             msg = f"{kind} hook #{i} ({h['path']}): {e}"
             if keep_going:
-                log.warning(msg, extra={"container_id": container_id})
+                logutil.warning("%s", msg, container_id=container_id, name="husk.hooks")
                 continue
             raise SetupError(msg) from None
 

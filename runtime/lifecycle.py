@@ -5,15 +5,16 @@ transitions are enforced here. Heavy modules are imported inside the functions t
 """
 from __future__ import annotations
 
-import logging
 import os
-import signal
-from typing import Any
 
-from runtime import state as st
+from runtime import logutil, state as st
 from runtime.errors import InvalidState, SetupError
 
-log = logging.getLogger("husk")
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+SIGKILL = 9  # not signal.SIGKILL: the signal module builds enums on import (~4 ms on every verb)
 
 
 def create(root: str, container_id: str, bundle: str, *, console_socket: str | None = None,
@@ -55,7 +56,7 @@ def start(root: str, container_id: str) -> None:
                 hk.run("poststart", hooks, state_json, container_id=container_id)
             except SetupError:
                 # runtime-spec 1.2+: a failed poststart hook is an error and the container is stopped
-                _kill_container(rec, signal.SIGKILL)
+                _kill_container(rec, SIGKILL)
                 raise
 
 
@@ -140,7 +141,7 @@ def _kill_container(rec: st.Record, sig: int) -> None:
         if mgr.exists():
             mgr.kill_all(sig)
     except SetupError as e:
-        log.warning("kill %s: %s", rec.id, e, extra={"container_id": rec.id})
+        logutil.warning("kill %s: %s", rec.id, e, container_id=rec.id)
     try:
         _signal_init(rec, sig)
     except (InvalidState, OSError):
@@ -156,7 +157,7 @@ def delete(root: str, container_id: str, force: bool = False) -> None:
             if not force:
                 raise InvalidState(f"cannot delete container {container_id!r}: it is {status} "
                                    f"(stop it first, or use --force)")
-            _kill_container(rec, signal.SIGKILL)
+            _kill_container(rec, SIGKILL)
             _wait_gone(rec)
         from runtime.cgroups import manager_for
         mgr = manager_for(rec.cgroup_path)
@@ -164,7 +165,7 @@ def delete(root: str, container_id: str, force: bool = False) -> None:
             linux = rec.config.get("linux") or {}
             own_pidns = any(n.get("type") == "pid" and not n.get("path") for n in linux.get("namespaces") or [])
             if not own_pidns and mgr.pids():
-                mgr.kill_all(signal.SIGKILL)  # without a pid namespace the init's death does not end the rest
+                mgr.kill_all(SIGKILL)  # without a pid namespace the init's death does not end the rest
             _destroy(mgr)
         import shutil
         shutil.rmtree(sdir, ignore_errors=True)
@@ -237,7 +238,7 @@ def list_containers(root: str) -> list[dict[str, Any]]:
         try:
             out.append(state(root, cid))
         except Exception as e:  # noqa: BLE001 - one broken state dir must not hide the others
-            log.warning("list: skipping %s: %s", cid, e, extra={"container_id": cid})
+            logutil.warning("list: skipping %s: %s", cid, e, container_id=cid)
     return out
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.errors import SetupError
@@ -66,14 +65,16 @@ DEV_SYMLINKS = [("/proc/self/fd", "/dev/fd"), ("/proc/self/fd/0", "/dev/stdin"),
                 ("/proc/self/fd/1", "/dev/stdout"), ("/proc/self/fd/2", "/dev/stderr")]
 
 
-@dataclass
 class MountOptions:
-    flags: int = 0
-    clear: int = 0
-    propagation: list[int] = field(default_factory=list)
-    attr_set: int = 0
-    attr_clr: int = 0
-    data: list[str] = field(default_factory=list)
+    """A mount's options split into mount(2) flags, propagation changes, recursive attributes and data."""
+
+    def __init__(self) -> None:
+        self.flags = 0
+        self.clear = 0
+        self.propagation: list[int] = []
+        self.attr_set = 0
+        self.attr_clr = 0
+        self.data: list[str] = []
 
 
 def parse_options(options: list[str]) -> MountOptions:

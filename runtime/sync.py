@@ -7,15 +7,14 @@ from __future__ import annotations
 
 import os
 import struct
-from dataclasses import dataclass
 
 from runtime.errors import SetupError
 
 
-@dataclass
 class Channel:
-    rfd: int
-    wfd: int
+    def __init__(self, rfd: int, wfd: int) -> None:
+        self.rfd = rfd
+        self.wfd = wfd
 
     def send(self, verb: str, text: str = "") -> None:
         data = (verb + (" " + text if text else "")).encode()
