@@ -6,7 +6,7 @@ Must not: touch the rootfs or cgroups, or outlive the fork of the init (it exits
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+TYPE_CHECKING = False  # `typing` costs ~4 ms (it imports re): annotations only
 
 from runtime.errors import describe
 from runtime.linux import syscalls as sc

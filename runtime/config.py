@@ -6,7 +6,9 @@ Errors are runtime.errors.ConfigError naming the JSON path and the reason.
 from __future__ import annotations
 
 import os
-from typing import Any
+TYPE_CHECKING = False  # `typing` costs ~4 ms (it imports re): annotations only
+if TYPE_CHECKING:
+    from typing import Any
 
 from runtime.errors import ConfigError
 from runtime.linux import syscalls

@@ -7,7 +7,7 @@ reap. Returns the container's exit code, 128+signal when it was killed, as runc 
 from __future__ import annotations
 
 import os
-import signal
+import _signal as signal  # the C module: `signal` builds enums on import (~2 ms)
 import tempfile
 
 from runtime import lifecycle

@@ -4,8 +4,8 @@ Runs in the container init; pod networking is done by CNI plugins elsewhere, nev
 """
 from __future__ import annotations
 
+import _socket  # the C module: socket.py builds enums on import (~5 ms)
 import fcntl
-import socket
 import struct
 
 SIOCGIFFLAGS = 0x8913
@@ -14,7 +14,7 @@ IFF_UP = 0x1
 
 
 def loopback_up() -> None:
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s = _socket.socket(_socket.AF_INET, _socket.SOCK_DGRAM)
     try:
         req = struct.pack("16sH14x", b"lo", 0)
         flags = struct.unpack("16sH14x", fcntl.ioctl(s.fileno(), SIOCGIFFLAGS, req))[1]

@@ -9,7 +9,9 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from typing import Any
+TYPE_CHECKING = False  # `typing` costs ~4 ms (it imports re): annotations only
+if TYPE_CHECKING:
+    from typing import Any
 
 from runtime.errors import SetupError
 from runtime.linux import syscalls as sc
