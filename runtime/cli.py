@@ -145,8 +145,17 @@ def main(argv: list[str] | None = None) -> int:
     return commands.run_click(args)
 
 
+def cmd_run(g: Globals, container_id: str, bundle: str, console_socket: str | None, pid_file: str | None,
+            detach: bool, keep: bool, no_pivot: bool, no_new_keyring: bool, preserve_fds: int) -> int:
+    from runtime import lifecycle
+    return lifecycle.run(g.root, container_id, bundle, detach=detach, console_socket=console_socket,
+                         pid_file=pid_file, no_pivot=no_pivot, no_new_keyring=no_new_keyring,
+                         preserve_fds=preserve_fds, keep=keep)
+
+
 VERBS: "dict[str, Callable[..., int]]" = {
     "create": cmd_create, "start": cmd_start, "state": cmd_state, "kill": cmd_kill, "delete": cmd_delete,
+    "run": cmd_run,
 }
 
 

@@ -112,10 +112,8 @@ def run(ctx: click.Context, bundle: str, console_socket: str | None, pid_file: s
         keep: bool, no_pivot: bool, no_new_keyring: bool, preserve_fds: int, container_id: str) -> None:
     """Create and start a container; without -d wait and exit with its status (128+signal if killed)."""
     g = _g(ctx)
-    from runtime import lifecycle
-    _finish(ctx, c.guard(g, lambda: lifecycle.run(
-        g.root, container_id, bundle, detach=detach, console_socket=console_socket, pid_file=pid_file,
-        no_pivot=no_pivot, no_new_keyring=no_new_keyring, preserve_fds=preserve_fds, keep=keep)))
+    _finish(ctx, c.guard(g, lambda: c.cmd_run(g, container_id, bundle, console_socket, pid_file, detach, keep,
+                                                no_pivot, no_new_keyring, preserve_fds)))
 
 
 @cli.command()

@@ -90,9 +90,9 @@ def load(bundle: str) -> Config:
         raise ConfigError("", f"{path} does not exist") from None
     except OSError as e:
         raise ConfigError("", f"cannot read {path}: {e.strerror}") from None
-    import json
+    from runtime import jsonload
     try:
-        raw = json.loads(data)
+        raw = jsonload.loads(data)
     except ValueError as e:
         raise ConfigError("", f"invalid JSON in {path}: {e}") from None
     return check(raw, bundle)

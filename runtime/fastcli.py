@@ -1,4 +1,4 @@
-"""A stdlib parser for exactly runc's flags of the per-container verbs (create, start, state, kill, delete).
+"""A stdlib parser for exactly runc's flags of the per-container verbs (create, start, state, kill, delete, run).
 
 `parse` returns (Globals, verb, kwargs) or None for anything else (another command, --help, an unknown or
 unusual flag), and then the click CLI handles the command line. tests/unit/test_fastcli.py checks that both
@@ -23,13 +23,19 @@ VERB_FLAGS: dict[str, dict[str, tuple[str, bool]]] = {
     "state": {},
     "kill": {"--all": ("all", False), "-a": ("all", False)},
     "delete": {"--force": ("force", False), "-f": ("force", False)},
+    "run": {"--bundle": ("bundle", True), "-b": ("bundle", True), "--console-socket": ("console_socket", True),
+            "--pid-file": ("pid_file", True), "--detach": ("detach", False), "-d": ("detach", False),
+            "--keep": ("keep", False), "--no-pivot": ("no_pivot", False),
+            "--no-new-keyring": ("no_new_keyring", False), "--preserve-fds": ("preserve_fds", True)},
 }
 DEFAULTS: dict[str, dict[str, Any]] = {
     "create": {"bundle": ".", "console_socket": None, "pid_file": None, "no_pivot": False,
                "no_new_keyring": False, "preserve_fds": 0},
     "start": {}, "state": {}, "kill": {"all": False}, "delete": {"force": False},
+    "run": {"bundle": ".", "console_socket": None, "pid_file": None, "detach": False, "keep": False,
+            "no_pivot": False, "no_new_keyring": False, "preserve_fds": 0},
 }
-POSITIONAL = {"create": 1, "start": 1, "state": 1, "kill": 2, "delete": 1}
+POSITIONAL = {"create": 1, "start": 1, "state": 1, "kill": 2, "delete": 1, "run": 1}
 
 
 def _take(args: list[str], i: int, table: dict[str, tuple[str, bool]], out: dict[str, Any]) -> int | None:
@@ -93,7 +99,7 @@ def parse(args: list[str]) -> tuple[Globals, str, dict[str, Any]] | None:
     elif len(pos) != need:
         return None
     kw["container_id"] = pos[0]
-    if verb == "create":
+    if verb in ("create", "run"):
         try:
             kw["preserve_fds"] = int(kw["preserve_fds"])
         except ValueError:

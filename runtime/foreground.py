@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import _signal as signal  # the C module: `signal` builds enums on import (~2 ms)
-import tempfile
 
 from runtime import lifecycle
 from runtime.linux import syscalls as sc
@@ -59,11 +58,13 @@ def run(root: str, container_id: str, bundle: str, *, detach: bool, console_sock
 
 
 def _wants_terminal(bundle: str) -> bool:
-    from runtime import config
+    """A peek at process.terminal (create validates the config properly right after)."""
+    from runtime import jsonload
     try:
-        return bool(config.load(os.path.abspath(bundle)).process.get("terminal"))
-    except Exception:  # noqa: BLE001 - create reports the real error
-        return False
+        with open(os.path.join(bundle, "config.json"), "rb") as f:
+            return bool((jsonload.loads(f.read()).get("process") or {}).get("terminal"))  # type: ignore[union-attr]
+    except (OSError, ValueError, AttributeError):
+        return False  # create reports the real error
 
 
 def _forward(pid: int, sig: int) -> None:
@@ -97,6 +98,7 @@ class _ConsoleProxy:
 
     def __init__(self) -> None:
         import socket
+        import tempfile
         self.dir = tempfile.mkdtemp(prefix="husk-console-")
         self.path = os.path.join(self.dir, "sock")
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

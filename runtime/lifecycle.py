@@ -167,8 +167,7 @@ def delete(root: str, container_id: str, force: bool = False) -> None:
             if not own_pidns and mgr.pids():
                 mgr.kill_all(SIGKILL)  # without a pid namespace the init's death does not end the rest
             _destroy(mgr)
-        import shutil
-        shutil.rmtree(sdir, ignore_errors=True)
+        st.remove_dir(sdir)
     hooks = (rec.config.get("hooks") or {}).get("poststop")
     if hooks:
         from runtime import hooks as hk

@@ -246,8 +246,7 @@ def _start_time(pid: int) -> int:
 
 
 def _rmtree(path: str) -> None:
-    import shutil
-    shutil.rmtree(path, ignore_errors=True)
+    st.remove_dir(path)
 
 
 def _destroy_cgroup(mgr: Any) -> None:

@@ -124,6 +124,26 @@ def create_dir(root: str, container_id: str) -> tuple[str, Lock]:
     return path, lock
 
 
+def remove_dir(path: str) -> None:
+    """Removes a container's state dir (flat: a few files and the fifo); cheaper than importing shutil."""
+    try:
+        names = os.listdir(path)
+    except FileNotFoundError:
+        return
+    for name in names:
+        try:
+            os.unlink(os.path.join(path, name))
+        except FileNotFoundError:
+            pass
+        except IsADirectoryError:
+            import shutil
+            shutil.rmtree(os.path.join(path, name), ignore_errors=True)
+    try:
+        os.rmdir(path)
+    except FileNotFoundError:
+        pass
+
+
 def save(path: str, rec: Record) -> None:
     d = rec.to_dict()
     _atomic_write(os.path.join(path, STATE_JSON), dumps_json(d).encode())

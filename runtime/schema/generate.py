@@ -44,6 +44,67 @@ class JsonSchemaValuesException(JsonSchemaException):
 '''
 
 
+# Regex-free matchers for the schema's patterns, so that validating a config does not import `re` (~7 ms with
+# enum). Each is a Python expression over `s`, equivalent to re.search(pattern, s) with `$` meaning the very end
+# (fastjsonschema turns `$` into `\\Z`); tests/unit/test_schema.py checks each one against `re`.
+_D = "0123456789"
+MATCHERS = {
+    ".{1,}": "any(c != '\\n' for c in s)",
+    "^[1-9][0-9]*[KMG]B$": "len(s) >= 3 and s[0] in '123456789' and _all(s[1:-2], _D) and s[-2] in 'KMG' "
+                           "and s[-1] == 'B'",
+    "^[abc]$": "len(s) == 1 and s in 'abc'",
+    "^[rwm]{0,3}$": "len(s) <= 3 and _all(s, 'rwm')",
+    "^[cbup]$": "len(s) == 1 and s in 'cbup'",
+    "^[0-9, -]*$": "_all(s, _D + ', -')",
+    "^RLIMIT_[A-Z]+$": "s.startswith('RLIMIT_') and len(s) > 7 and _all(s[7:], _UP)",
+    "^CAP_[A-Z_]+$": "s.startswith('CAP_') and len(s) > 4 and _all(s[4:], _UP + '_')",
+    "^1\\.(0|[1-9][0-9]*)\\.(0|[1-9][0-9]*)(-[0-9A-Za-z.-]+)?(\\+[0-9A-Za-z.-]+)?$": "_semver1(s)",
+}
+
+_MATCHER_RUNTIME = """
+_D = "0123456789"
+_UP = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+_IDENT = _D + _UP + _UP.lower() + ".-"
+
+
+def _all(s, chars):
+    return all(c in chars for c in s)
+
+
+def _num(p):
+    return p != "" and _all(p, _D) and (p == "0" or p[0] != "0")
+
+
+def _semver1(s):
+    core, plus, build = s.partition("+")
+    if plus and (build == "" or not _all(build, _IDENT)):
+        return False
+    core, dash, pre = core.partition("-")
+    if dash and (pre == "" or not _all(pre, _IDENT)):
+        return False
+    parts = core.split(".")
+    return len(parts) == 3 and parts[0] == "1" and _num(parts[1]) and _num(parts[2])
+
+
+class _Pattern:
+    __slots__ = ("search",)
+
+    def __init__(self, fn):
+        self.search = fn
+"""
+
+
+def _patterns_block(patterns: list[str]) -> str:
+    missing = [p for p in patterns if p not in MATCHERS]
+    if missing:
+        raise SystemExit(f"generate.py: add a regex-free matcher to MATCHERS for {missing}")
+    lines = [_MATCHER_RUNTIME, "REGEX_PATTERNS = {"]
+    for p in patterns:
+        lines.append(f"    {p!r}: _Pattern(lambda s: {MATCHERS[p]}),")
+    lines.append("}")
+    return "\n".join(lines)
+
+
 def generate() -> str:
     import fastjsonschema  # build-time only
 
@@ -52,7 +113,22 @@ def generate() -> str:
     code = fastjsonschema.compile_to_code(schema)
     lines = code.splitlines()
     out: list[str] = []
+    skipping = False
+    pat_lines: list[str] = []
     for line in lines:
+        if line.startswith("REGEX_PATTERNS = {"):
+            skipping = True
+            continue
+        if skipping:
+            if line == "}":
+                skipping = False
+                import ast
+                out.append(_patterns_block([k for k in ast.literal_eval("{" + "".join(pat_lines) + "}")]))
+            else:
+                pat_lines.append(line.split(": re.compile(")[0] + ": 0,")
+            continue
+        if line == "import re":
+            continue  # the patterns are plain functions now
         if line.startswith("VERSION = "):
             continue  # the generator's version would make the file churn on upgrades
         if line == "from fastjsonschema import JsonSchemaValueException, JsonSchemaValuesException":

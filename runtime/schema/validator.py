@@ -5,7 +5,6 @@ no third-party module). `validate(data)` raises JsonSchemaValueException naming 
 """
 # flake8: noqa
 Decimal = float
-import re
 
 
 class JsonSchemaException(ValueError):
@@ -29,16 +28,47 @@ class JsonSchemaValuesException(JsonSchemaException):
 
 
 
+
+_D = "0123456789"
+_UP = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+_IDENT = _D + _UP + _UP.lower() + ".-"
+
+
+def _all(s, chars):
+    return all(c in chars for c in s)
+
+
+def _num(p):
+    return p != "" and _all(p, _D) and (p == "0" or p[0] != "0")
+
+
+def _semver1(s):
+    core, plus, build = s.partition("+")
+    if plus and (build == "" or not _all(build, _IDENT)):
+        return False
+    core, dash, pre = core.partition("-")
+    if dash and (pre == "" or not _all(pre, _IDENT)):
+        return False
+    parts = core.split(".")
+    return len(parts) == 3 and parts[0] == "1" and _num(parts[1]) and _num(parts[2])
+
+
+class _Pattern:
+    __slots__ = ("search",)
+
+    def __init__(self, fn):
+        self.search = fn
+
 REGEX_PATTERNS = {
-    '.{1,}': re.compile('.{1,}'),
-    '^[1-9][0-9]*[KMG]B$': re.compile('^[1-9][0-9]*[KMG]B\\Z'),
-    '^[abc]$': re.compile('^[abc]\\Z'),
-    '^[rwm]{0,3}$': re.compile('^[rwm]{0,3}\\Z'),
-    '^[cbup]$': re.compile('^[cbup]\\Z'),
-    '^[0-9, -]*$': re.compile('^[0-9, -]*\\Z'),
-    '^RLIMIT_[A-Z]+$': re.compile('^RLIMIT_[A-Z]+\\Z'),
-    '^CAP_[A-Z_]+$': re.compile('^CAP_[A-Z_]+\\Z'),
-    '^1\\.(0|[1-9][0-9]*)\\.(0|[1-9][0-9]*)(-[0-9A-Za-z.-]+)?(\\+[0-9A-Za-z.-]+)?$': re.compile('^1\\.(0|[1-9][0-9]*)\\.(0|[1-9][0-9]*)(-[0-9A-Za-z.-]+)?(\\+[0-9A-Za-z.-]+)?\\Z')
+    '.{1,}': _Pattern(lambda s: any(c != '\n' for c in s)),
+    '^[1-9][0-9]*[KMG]B$': _Pattern(lambda s: len(s) >= 3 and s[0] in '123456789' and _all(s[1:-2], _D) and s[-2] in 'KMG' and s[-1] == 'B'),
+    '^[abc]$': _Pattern(lambda s: len(s) == 1 and s in 'abc'),
+    '^[rwm]{0,3}$': _Pattern(lambda s: len(s) <= 3 and _all(s, 'rwm')),
+    '^[cbup]$': _Pattern(lambda s: len(s) == 1 and s in 'cbup'),
+    '^[0-9, -]*$': _Pattern(lambda s: _all(s, _D + ', -')),
+    '^RLIMIT_[A-Z]+$': _Pattern(lambda s: s.startswith('RLIMIT_') and len(s) > 7 and _all(s[7:], _UP)),
+    '^CAP_[A-Z_]+$': _Pattern(lambda s: s.startswith('CAP_') and len(s) > 4 and _all(s[4:], _UP + '_')),
+    '^1\\.(0|[1-9][0-9]*)\\.(0|[1-9][0-9]*)(-[0-9A-Za-z.-]+)?(\\+[0-9A-Za-z.-]+)?$': _Pattern(lambda s: _semver1(s)),
 }
 
 NoneType = type(None)

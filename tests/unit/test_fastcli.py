@@ -25,10 +25,12 @@ LINES = [
     ["--root", "/r", "delete", "--force", "c1"],
     ["delete", "-f", "c1"],
     ["--debug", "delete", "c1"],
+    ["--root", "/r", "run", "--bundle", "/b", "c1"],
+    ["run", "-d", "-b", "/b", "--pid-file", "/p", "--keep", "--no-pivot", "c1"],
 ]
 
 DECLINED = [
-    ["run", "c1"], ["--help"], ["create", "--help"], ["create", "--bogus", "c1"], ["state"], ["state", "a", "b"],
+    ["run", "--help"], ["--help"], ["create", "--help"], ["create", "--bogus", "c1"], ["state"], ["state", "a", "b"],
     ["list"], ["exec", "c1", "ls"], ["kill", "c1", "9", "extra"], ["--root"], ["create", "--preserve-fds", "x", "c"],
     ["--log-format", "yaml", "state", "c"], ["delete", "--force=true", "c"], [],
 ]

@@ -121,3 +121,22 @@ def test_runtime_path_does_not_import_jsonschema_or_fastjsonschema() -> None:
             "print(sorted(m for m in sys.modules if 'jsonschema' in m))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_regex_free_matchers_agree_with_re() -> None:
+    import random
+    import re
+    from runtime.schema import validator
+    samples = ["", "a", "b", "abc", "rw", "rwm", "rwmr", "c", "u", "p", "x", "0", "1", "0,1-3", "0-1 ,", "1a",
+               "RLIMIT_NOFILE", "RLIMIT_", "RLIMIT_nofile", "RLIMIT_NO_FILE", "CAP_SYS_ADMIN", "CAP_", "CAP_x",
+               "2MB", "1GB", "0MB", "10KB", "1TB", "MB", "2MB\n", "1.0.0", "1.0.2-dev", "1.1.0+dev", "1.2.1-rc.1+b.2",
+               "1.01.0", "1.0", "2.0.0", "1.0.0-", "1.0.0+", "1.10.200", "1.0.0-a+b-c", "1.0.0\n", "\n", "\n\n",
+               "CAP_A\n", "é", "1.0.0-é", "a\n"]
+    rng = random.Random(7)
+    alphabet = "abcrwmup0123456789,- .+_RLIMTCAPKGBNOFSYDé\n"
+    samples += ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 8))) for _ in range(3000)]
+    samples += ["1." + "".join(rng.choice("0123456789.-+abc") for _ in range(rng.randint(0, 8))) for _ in range(3000)]
+    for pattern, matcher in validator.REGEX_PATTERNS.items():
+        ref = re.compile(pattern.replace("$", r"\Z") if pattern.endswith("$") else pattern)
+        for s in samples:
+            assert bool(matcher.search(s)) == bool(ref.search(s)), (pattern, s)
