@@ -45,6 +45,12 @@ def loads(data: bytes | str) -> object:
         obj, end = _scan(text, i)
     except StopIteration as e:
         raise ValueError(f"Expecting value: {_where(text, e.value)}") from None
+    except SystemError:
+        # CPython 3.11's scanner can fail to build some error messages when json.decoder was never imported;
+        # on this (error-only) path let the json module produce the precise message
+        import json
+        json.loads(text)
+        raise ValueError("malformed JSON") from None
     while end < n and text[end] in _WS:
         end += 1
     if end != n:
