@@ -82,6 +82,9 @@ def _setup(ctx: "CreateContext", chan: "Channel") -> str:
     fs.create_devices(linux.get("devices") or [], dev_is_tmpfs=not dev_bind)
     fs.setup_ptmx()
     fs.make_cwd(proc.get("cwd") or "/")
+    if proc.get("apparmorProfile") and not os.path.isdir("/sys/kernel/security/apparmor"):
+        raise SetupError(f"process.apparmorProfile {proc['apparmorProfile']!r} is set but AppArmor is not enabled "
+                         f"on this host")
     hooks = cfg.hooks
     if hooks.get("prestart") or hooks.get("createRuntime"):
         chan.send("hooks")

@@ -192,13 +192,12 @@ class RootFs:
     # --- the steps ----------------------------------------------------------------------------
     def prepare_root(self, propagation: str | None) -> None:
         """Stops mounts leaking to the host, then makes the rootfs a mount point (pivot_root needs one)."""
-        flag = ROOT_PROPAGATION.get(propagation or "", sc.MS_SLAVE)
+        # pivot_root refuses shared mounts and an unbindable tree cannot be bound: start from slave (the
+        # default, so host mounts still propagate in) or private; the requested propagation is applied to the
+        # new root after pivot_root (set_root_propagation)
+        flag = sc.MS_SLAVE if propagation in (None, "", "slave") else sc.MS_PRIVATE
         sc.mount(None, "/", None, sc.MS_REC | flag)
         sc.mount(self.rootfs, self.rootfs, None, sc.MS_BIND | sc.MS_REC)
-        if propagation == "shared":
-            # pivot_root refuses a new root whose parent mount is shared: make the parent private
-            parent = _mount_point_of(os.path.dirname(self.rootfs))
-            sc.mount(None, parent, None, sc.MS_PRIVATE)
         self.rootfd = os.open(self.rootfs, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
 
     def mount_all(self, mounts: list[dict[str, Any]]) -> None:
