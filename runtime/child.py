@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 TYPE_CHECKING = False  # `typing` costs ~4 ms (it imports re): annotations only
 
-from runtime.errors import describe
+from runtime.errors import SetupError, describe
 from runtime.linux import syscalls as sc
 
 if TYPE_CHECKING:
@@ -22,8 +22,20 @@ JOIN_ORDER = ("user", "ipc", "uts", "network", "pid", "cgroup", "time", "mount")
 def run(ctx: "CreateContext", chan: "Channel") -> None:
     """Never returns: exits 0 after forking the init, 1 after reporting an error to the parent."""
     try:
-        chan.expect("go")  # the parent has put us in the container's cgroup
         cfg = ctx.cfg
+        seen: set[str] = set()
+
+        def wait_for(verb: str) -> None:
+            # "go" (cgroup placed) and "mapped" may arrive in either order: the parent places us in the cgroup
+            # while we import and join namespaces, so both run at once
+            while verb not in seen:
+                got, text = chan.recv()
+                if got == "error":
+                    raise SetupError(text)
+                if got == "eof":
+                    raise SetupError(f"the runtime exited before sending {verb!r}")
+                seen.add(got)
+
         from runtime import init
         init.preload(cfg.raw)
         userns_new = cfg.new_ns("user")
@@ -39,6 +51,8 @@ def run(ctx: "CreateContext", chan: "Channel") -> None:
                 except OSError as e:
                     raise OSError(e.errno, f"open namespace {kind} at {ns.path}: {e.strerror}") from None
         for kind, fd in fds:
+            if kind == "cgroup":
+                wait_for("go")  # a cgroup namespace's root is the cgroup we are in when we join or create it
             try:
                 sc.setns(fd, sc.NAMESPACES[kind][0])
             except OSError as e:
@@ -49,11 +63,11 @@ def run(ctx: "CreateContext", chan: "Channel") -> None:
         if userns_new:
             sc.unshare(sc.CLONE_NEWUSER)
             chan.send("maps")
-            chan.expect("mapped")
+            wait_for("mapped")
             os.setresgid(0, 0, 0)
             os.setresuid(0, 0, 0)
         flags = 0
-        for kind in ("mount", "uts", "ipc", "network", "pid", "cgroup", "time"):
+        for kind in ("mount", "uts", "ipc", "network", "pid", "time"):
             if cfg.new_ns(kind):
                 flags |= sc.NAMESPACES[kind][0]
         if flags:
@@ -61,6 +75,9 @@ def run(ctx: "CreateContext", chan: "Channel") -> None:
                 sc.unshare(flags)
             except OSError as e:
                 raise OSError(e.errno, f"unshare namespaces {flags:#x}: {e.strerror}") from None
+        wait_for("go")  # the init must be forked inside the container's cgroup
+        if cfg.new_ns("cgroup"):
+            sc.unshare(sc.CLONE_NEWCGROUP)
         offsets = cfg.linux.get("timeOffsets")
         if offsets and cfg.new_ns("time"):
             lines = "".join(f"{clock} {o.get('secs', 0)} {o.get('nanosecs', 0)}\n" for clock, o in offsets.items())
@@ -68,7 +85,7 @@ def run(ctx: "CreateContext", chan: "Channel") -> None:
                 f.write(lines)
         pid = os.fork()
         if pid == 0:
-            init.run(ctx, chan)  # never returns
+            init.run(ctx, chan)  # never returns  # never returns
         chan.send("pid", str(pid))
         os._exit(0)
     except BaseException as e:  # report anything, then exit: this process must never return to the caller

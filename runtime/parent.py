@@ -102,7 +102,7 @@ def create(root: str, container_id: str, cfg: Config, *, console_socket: str | N
             from runtime import child
             child.run(ctx, child_chan)  # never returns
         child_chan.close()
-        procs = _Procs(pid1)
+        procs = _Procs(pid1, mgr)
         undo.callback(procs.kill_all)
         init_pid = _drive(ctx, mgr, parent_chan, pid1, procs)
         rec = st.Record(id=container_id, pid=init_pid, pid_start=_start_time(init_pid), bundle=cfg.bundle,
@@ -160,9 +160,10 @@ class Undo:
 class _Procs:
     """The processes a failed create must kill and reap: the intermediate child and, once known, the init."""
 
-    def __init__(self, pid1: int) -> None:
+    def __init__(self, pid1: int, mgr: Any) -> None:
         self.pid1: int | None = pid1
         self.init: int | None = None
+        self.mgr = mgr
 
     def reap_pid1(self) -> None:
         if self.pid1 is not None:
@@ -183,6 +184,24 @@ class _Procs:
                 os.waitpid(pid, 0)
             except ChildProcessError:
                 pass
+        # anything else in the cgroup (an init whose pid never reached us, its children): kill, then reap what
+        # was reparented to us (we are a subreaper), so that the cgroup can be removed
+        try:
+            if self.mgr.exists():
+                self.mgr.kill_all(signal.SIGKILL)
+        except (OSError, SetupError):
+            return
+        import time
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            try:
+                while os.waitpid(-1, os.WNOHANG)[0] > 0:
+                    pass
+            except ChildProcessError:
+                pass
+            if not self.mgr.pids():
+                return
+            time.sleep(0.005)
 
 
 def _drive(ctx: CreateContext, mgr: Any, chan: Channel, pid1: int, procs: _Procs) -> int:
@@ -193,8 +212,16 @@ def _drive(ctx: CreateContext, mgr: Any, chan: Channel, pid1: int, procs: _Procs
         raise
     chan.send("go")
     init_pid = 0
+    held: list[tuple[str, str]] = []
     while True:
-        verb, text = chan.recv()
+        if held and init_pid:
+            verb, text = held.pop(0)
+        else:
+            verb, text = chan.recv()
+        if verb in ("hooks", "ready") and not init_pid:
+            # the init shares the pipe with the intermediate child and may be quicker than its "pid" message
+            held.append((verb, text))
+            continue
         if verb == "maps":
             try:
                 _write_id_maps(pid1, ctx.cfg)
