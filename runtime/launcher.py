@@ -18,7 +18,14 @@ gc.disable()  # a short-lived command: the collector would only run during impor
 sys.path[0:0] = {front!r}
 sys.path.extend({back!r})
 from runtime.cli import main
-sys.exit(main())
+rc = main()
+try:
+    sys.stdout.flush()
+    sys.stderr.flush()
+except OSError:
+    pass
+import os
+os._exit(rc if isinstance(rc, int) else 1)  # skip interpreter finalization: nothing is left to clean up
 """
 
 
