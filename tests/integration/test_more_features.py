@@ -175,3 +175,59 @@ def test_launcher_runs_fast_path(tmp_path: Path) -> None:
     assert cp.returncode == 1 and "does not exist" in cp.stderr
     cp = subprocess.run([str(out), "--help"], capture_output=True, text=True)
     assert cp.returncode == 0 and "runc" in cp.stdout
+
+
+def test_bind_mounts_file_dir_readonly_and_rbind(husk, make_bundle, tmp_path: Path) -> None:
+    src = tmp_path / "share"
+    (src / "sub").mkdir(parents=True)
+    (src / "hello.txt").write_text("hi from the host\n")
+    single = tmp_path / "single.conf"
+    single.write_text("one file\n")
+
+    def edit(c):
+        c["mounts"] += [
+            {"destination": "/mnt/share", "type": "bind", "source": str(src), "options": ["rbind", "ro"]},
+            {"destination": "/etc/single.conf", "type": "bind", "source": str(single), "options": ["bind"]},
+            {"destination": "/mnt/rw", "type": "none", "source": str(src / "sub"), "options": ["rbind", "rw"]},
+        ]
+    text = run_ok(husk, make_bundle, "cat /mnt/share/hello.txt /etc/single.conf; touch /mnt/share/x 2>&1; "
+                  "echo made > /mnt/rw/new && echo rwok; grep -E ' /mnt/(share|rw) ' /proc/self/mountinfo", edit)
+    assert "hi from the host" in text and "one file" in text
+    assert "Read-only file system" in text and "rwok" in text
+    assert (src / "sub" / "new").read_text() == "made\n"
+    share = [line for line in text.splitlines() if " /mnt/share " in line][0]
+    assert share.split()[5].startswith("ro")
+
+
+def test_cgroup2_mount_type(husk, make_bundle) -> None:
+    def edit(c):
+        c["mounts"].append({"destination": "/mnt/unified", "type": "cgroup2", "source": "cgroup2",
+                            "options": ["nosuid", "noexec", "nodev", "ro"]})
+        c["linux"]["namespaces"].append({"type": "cgroup"})
+    text = run_ok(husk, make_bundle, "grep /mnt/unified /proc/self/mountinfo; ls /mnt/unified | grep -c cgroup.procs",
+                  edit)
+    assert "cgroup2" in text and text.split()[-1] == "1"
+
+
+def test_memory_oom_killer_disable_and_swap(husk, make_bundle) -> None:
+    def edit(c):
+        c["linux"]["resources"]["memory"] = {"limit": 32 << 20, "swap": 64 << 20, "disableOOMKiller": True,
+                                             "swappiness": 0}
+    text = run_ok(husk, make_bundle, "cd /sys/fs/cgroup/memory; grep oom_kill_disable memory.oom_control; "
+                  "cat memory.memsw.limit_in_bytes memory.swappiness", edit)
+    assert text.split() == ["oom_kill_disable", "1", str(64 << 20), "0"]
+
+
+def test_relative_cgroups_path_is_under_our_own_cgroup(husk, make_bundle) -> None:
+    from runtime.cgroups import own_cgroup
+    rel = "rtit-rel/" + os.urandom(3).hex()
+    b = make_bundle(["sh", "-c", "grep pids /proc/self/cgroup"], edit=lambda c: c["linux"].update(cgroupsPath=rel))
+    cp = husk.run(b)
+    assert cp.returncode == 0, cp.stderr
+    expect = os.path.normpath(os.path.join(own_cgroup(), rel))
+    assert cp.stdout.strip().endswith(":" + expect)
+    for d in Path("/sys/fs/cgroup").glob("*" + os.path.dirname(expect)):
+        try:
+            d.rmdir()
+        except OSError:
+            pass
