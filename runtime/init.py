@@ -22,8 +22,11 @@ if TYPE_CHECKING:
 def run(ctx: "CreateContext", chan: "Channel") -> None:
     fifo_w = -1
     try:
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        # As pid 1 of its namespace the init only receives signals it handles; runc's init (Go) handles them all,
+        # so `kill ID TERM` ends a created container there. Do the same until the user process is exec'd
+        # (execve resets handled signals to their defaults).
+        for sig in TERMINATING:
+            signal.signal(sig, _exit_on_signal)
         os.setsid()
         fifo_path = _setup(ctx, chan)
         chan.send("ready")
@@ -60,6 +63,14 @@ def preload(cfg_raw: dict) -> None:
         from runtime import console  # noqa: F401
     if (cfg_raw.get("linux") or {}).get("seccomp"):
         from runtime import seccomp  # noqa: F401
+
+
+TERMINATING = (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2,
+               signal.SIGALRM)
+
+
+def _exit_on_signal(sig: int, _frame: object) -> None:
+    os._exit(128 + sig)
 
 
 def _setup(ctx: "CreateContext", chan: "Channel") -> str:

@@ -67,6 +67,13 @@ def test_kill_created_container_stops_it(husk, make_bundle) -> None:
     husk("delete", cid)
 
 
+def test_sigterm_stops_a_created_container(husk, make_bundle) -> None:
+    cid, _ = husk.create(make_bundle(["true"]))
+    husk("kill", cid, "TERM")
+    assert wait_status(husk, cid, "stopped")["status"] == "stopped"
+    husk("delete", cid)
+
+
 def test_run_returns_exit_code(husk, make_bundle) -> None:
     cp = husk.run(make_bundle(["sh", "-c", "echo out; echo err >&2; exit 7"]))
     assert cp.returncode == 7
@@ -220,3 +227,16 @@ def test_console_socket_receives_pty_master(husk, make_bundle, tmp_path: Path) -
     conn.close()
     srv.close()
     assert b"/dev/pts/0" in out and b"done" in out
+
+
+def test_force_delete_of_paused_container(husk, make_bundle) -> None:
+    cid = "rtit-pausedel-" + os.urandom(3).hex()
+    b = make_bundle(["sh", "-c", "sleep 1000 & sleep 1000"])
+    husk.run(b, cid, "-d")
+    import json
+    path = json.loads((b / "config.json").read_text())["linux"]["cgroupsPath"]
+    husk("pause", cid)
+    assert husk.state(cid)["status"] == "paused"
+    husk("delete", "--force", cid)
+    assert not (Path(husk.root) / cid).exists()
+    assert not os.path.exists(f"/sys/fs/cgroup/freezer{path}")
