@@ -128,6 +128,10 @@ def _setup(ctx: "CreateContext", chan: "Channel") -> str:
     if proc.get("oomScoreAdj") is not None:
         from runtime.process import set_oom_score_adj
         set_oom_score_adj(proc["oomScoreAdj"])
+    if proc.get("rlimits"):
+        # before "ready", as runc does: a limit the host cannot grant fails create, not start
+        from runtime.process import set_rlimits
+        set_rlimits(proc["rlimits"])
     if not ctx.no_new_keyring:
         try:
             sc.join_session_keyring(f"_ses.{ctx.container_id}")
@@ -147,7 +151,8 @@ def _start(ctx: "CreateContext", fifo_w: int) -> None:
         hk.run("startContainer", cfg.hooks["startContainer"], ctx.hook_state(ctx.host_pid, "created"),
                container_id=ctx.container_id)
     from runtime.process import exec_process
-    exec_process(cfg.process, ctx.exe, ctx.env, seccomp=cfg.linux.get("seccomp"), preserve_fds=ctx.preserve_fds)
+    exec_process(cfg.process, ctx.exe, ctx.env, seccomp=cfg.linux.get("seccomp"), preserve_fds=ctx.preserve_fds,
+                 rlimits_set=True)
 
 
 def _console(ctx: "CreateContext", fs: rfs.RootFs, proc: dict) -> None:

@@ -132,12 +132,12 @@ def build_env(proc: dict[str, Any], extra: dict[str, str] | None = None) -> dict
 
 
 def exec_process(proc: dict[str, Any], path: str, env: dict[str, str], *, seccomp: dict[str, Any] | None,
-                 preserve_fds: int, keep_fds: tuple[int, ...] = ()) -> None:
+                 preserve_fds: int, keep_fds: tuple[int, ...] = (), rlimits_set: bool = False) -> None:
     """Applies user, caps, no_new_privs, umask and cwd, then seccomp (last) and execve. Never returns."""
     from runtime import capabilities
     caps = proc.get("capabilities") or {}
     user = proc.get("user") or {}
-    if proc.get("rlimits"):
+    if proc.get("rlimits") and not rlimits_set:
         set_rlimits(proc["rlimits"])
     capabilities.drop_bounding(caps)
     switch_user(user)
