@@ -240,3 +240,40 @@ def test_force_delete_of_paused_container(husk, make_bundle) -> None:
     husk("delete", "--force", cid)
     assert not (Path(husk.root) / cid).exists()
     assert not os.path.exists(f"/sys/fs/cgroup/freezer{path}")
+
+
+def test_exec_tty_over_console_socket(husk, make_bundle, tmp_path: Path) -> None:
+    import socket
+    import threading
+    cid = "rtit-exectty-" + os.urandom(3).hex()
+    husk.run(make_bundle(["sleep", "1000"]), cid, "-d")
+    path = str(tmp_path / "exec-console.sock")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(1)
+    got: dict = {}
+
+    def receive() -> None:
+        conn, _ = srv.accept()
+        _msg, fds, _, _ = socket.recv_fds(conn, 1024, 1)
+        conn.close()
+        master = fds[0]
+        out = b""
+        while True:  # until the process exits (EIO): closing the master early would SIGHUP it
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            out += chunk
+        os.close(master)
+        got["out"] = out
+
+    t = threading.Thread(target=receive)
+    t.start()
+    cp = husk("exec", "--tty", "--console-socket", path, cid, "sh", "-c", "tty; echo END", check=False)
+    t.join(timeout=30)
+    srv.close()
+    assert cp.returncode == 0, cp.stderr
+    assert b"/dev/pts/" in got.get("out", b"") and b"END" in got["out"]
