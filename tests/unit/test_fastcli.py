@@ -39,8 +39,9 @@ DECLINED = [
 def click_parse(args: list[str]) -> tuple[dict, str, dict]:
     """The (globals, verb, params) click would produce for `args`, without running the command."""
     ctx = commands.cli.make_context("husk", list(args), resilient_parsing=False)
-    sub = ctx.protected_args[0] if ctx.protected_args else ctx.args[0]
-    rest = (ctx.protected_args[1:] + ctx.args) if ctx.protected_args else ctx.args[1:]
+    # click 8.2 keeps the subcommand in the private _protected_args; click 9 puts everything in args
+    remaining = list(getattr(ctx, "_protected_args", None) or []) + list(ctx.args)
+    sub, rest = remaining[0], remaining[1:]
     cmd = commands.cli.get_command(ctx, sub)
     sctx = cmd.make_context(sub, list(rest), parent=ctx)
     g = {k: v for k, v in ctx.params.items() if k != "rootless"}
