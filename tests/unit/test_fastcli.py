@@ -11,7 +11,7 @@ LINES = [
     ["--root", "/run/containerd/runc/k8s.io", "--log", "/b/log.json", "--log-format", "json", "create",
      "--bundle", "/b", "--pid-file", "/b/init.pid", "c1"],
     ["--root", "/r", "--log", "/b/log.json", "--log-format", "json", "create", "--bundle", "/b", "--pid-file",
-     "/b/init.pid", "--console-socket", "/tmp/pty.sock", "--no-pivot", "--no-new-keyring", "--preserve-fds", "2",
+     "/b/init.pid", "--console-socket", "/run/pty.sock", "--no-pivot", "--no-new-keyring", "--preserve-fds", "2",
      "c1"],
     ["--systemd-cgroup", "create", "--bundle", "/b", "--pid-file", "/p", "c1"],
     ["create", "-b", "/b", "c1"],
