@@ -205,10 +205,11 @@ def _check_linux(cfg: Config) -> None:
         raise ConfigError("linux.uidMappings", "uid/gid mappings are given but no new user namespace is requested")
     if linux.get("timeOffsets") and not cfg.new_ns("time"):
         raise ConfigError("linux.timeOffsets", "time offsets need a new time namespace")
-    if cfg.raw.get("hostname") and not cfg.new_ns("uts"):
-        raise ConfigError("hostname", "setting the hostname needs a new uts namespace")
-    if cfg.raw.get("domainname") and not cfg.new_ns("uts"):
-        raise ConfigError("domainname", "setting the domainname needs a new uts namespace")
+    # a uts namespace joined by path is allowed too (runc sets the name in it)
+    if cfg.raw.get("hostname") and cfg.ns("uts") is None:
+        raise ConfigError("hostname", "setting the hostname needs a uts namespace")
+    if cfg.raw.get("domainname") and cfg.ns("uts") is None:
+        raise ConfigError("domainname", "setting the domainname needs a uts namespace")
     for key in (linux.get("sysctl") or {}):
         where = f"linux.sysctl.{key}"
         if key.startswith("net."):

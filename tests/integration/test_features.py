@@ -117,6 +117,13 @@ def test_join_existing_namespace_by_path(husk, make_bundle) -> None:
         c.pop("hostname", None)
     text = out(husk, make_bundle, "hostname; readlink /proc/self/ns/net", edit).split()
     assert text[0] == "owner"
+    # a hostname may be set in a joined uts namespace (runc allows it; the suite checks it)
+    def edit2(c):
+        edit(c)
+        c["hostname"] = "renamed"
+    assert out(husk, make_bundle, "hostname", edit2).split() == ["renamed"]
+    cp = husk("exec", cid, "hostname")
+    assert cp.stdout.strip() == "renamed"
     assert text[1] == os.readlink(f"/proc/{owner}/ns/net")
 
 
