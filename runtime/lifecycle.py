@@ -20,7 +20,11 @@ SIGKILL = 9  # not signal.SIGKILL: the signal module builds enums on import (~4 
 def create(root: str, container_id: str, bundle: str, *, console_socket: str | None = None,
            pid_file: str | None = None, no_pivot: bool = False, no_new_keyring: bool = False,
            preserve_fds: int = 0) -> int:
-    """Sets up the container and returns the init's host pid; the init stays blocked until start()."""
+    """Sets up the container and returns the init's host pid; the init stays blocked until start().
+
+    The calling process becomes a child subreaper (so a failed create can reap what it started); call it in a
+    process that exits afterwards (the CLI, or a fork of the shim): the init then moves to the next subreaper
+    up. The container's stdio is the caller's fds 0/1/2 (and 3.. with preserve_fds)."""
     from runtime import config, parent
     st.validate_id(container_id)
     bundle = os.path.abspath(bundle)
@@ -253,7 +257,8 @@ def processes(root: str, container_id: str) -> list[int]:
 def exec_process(root: str, container_id: str, process: dict[str, Any], *, console_socket: str | None = None,
                  pid_file: str | None = None, detach: bool = False, preserve_fds: int = 0,
                  cgroup: str | None = None) -> int:
-    """Runs `process` (an OCI process object) inside the container; detach: its pid, else its exit code."""
+    """Runs `process` (an OCI process object) inside the container; detach: its pid, else its exit code.
+    Like create, this makes the caller a child subreaper."""
     from runtime import execute
     return execute.exec_process(root, container_id, process, console_socket=console_socket, pid_file=pid_file,
                                 detach=detach, preserve_fds=preserve_fds, cgroup=cgroup)

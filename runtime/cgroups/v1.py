@@ -161,7 +161,7 @@ class V1Manager:
                 with open(path, "w") as f:
                     f.write(str(pid))
             except FileNotFoundError:
-                continue  # hierarchy without this cgroup (created before the hierarchy was mounted)
+                raise SetupError(f"add pid {pid} to cgroup {self.path}: {d} does not exist") from None
             except OSError as e:
                 raise SetupError(f"add pid {pid} to {path}: {e.strerror}") from None
 

@@ -277,3 +277,10 @@ def test_exec_tty_over_console_socket(husk, make_bundle, tmp_path: Path) -> None
     srv.close()
     assert cp.returncode == 0, cp.stderr
     assert b"/dev/pts/" in got.get("out", b"") and b"END" in got["out"]
+
+
+def test_exec_into_missing_sub_cgroup_fails(husk, make_bundle) -> None:
+    cid = "rtit-execcg-" + os.urandom(3).hex()
+    husk.run(make_bundle(["sleep", "1000"]), cid, "-d")
+    cp = husk("exec", "--cgroup", "no-such-sub", cid, "true", check=False)
+    assert cp.returncode == 1 and "does not exist" in cp.stderr
