@@ -152,7 +152,7 @@ def _start(ctx: "CreateContext", fifo_w: int) -> None:
                container_id=ctx.container_id)
     from runtime.process import exec_process
     exec_process(cfg.process, ctx.exe, ctx.env, seccomp=cfg.linux.get("seccomp"), preserve_fds=ctx.preserve_fds,
-                 rlimits_set=True)
+                 rlimits_set=True, personality=cfg.linux.get("personality"))
 
 
 def _console(ctx: "CreateContext", fs: rfs.RootFs, proc: dict) -> None:
