@@ -306,7 +306,8 @@ class RootFs:
         top = self.host_path(dest)  # a tmpfs we just created: nothing in it can be a hostile symlink
         mounts: dict[str, str] = {}
         for ctrl, mnt in hierarchies().items():
-            mounts.setdefault(mnt, ctrl)
+            if ctrl != "unified":  # as runc 1.1: the hybrid host's cgroup2 tree is not shown in the container
+                mounts.setdefault(mnt, ctrl)
         for mnt in mounts:
             name = os.path.basename(mnt)
             sub = os.path.join(top, name)
