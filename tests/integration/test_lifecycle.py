@@ -175,8 +175,6 @@ def test_pause_resume(husk, make_bundle) -> None:
     husk("pause", cid)
     st = husk.state(cid)
     assert st["status"] == "paused"
-    with open(f"/proc/{st['pid']}/status") as f:
-        assert "State:\tD" in f.read() or True  # frozen tasks sleep in the freezer; the cgroup says FROZEN
     cp = husk("start", cid, check=False)
     assert cp.returncode == 1
     husk("resume", cid)
