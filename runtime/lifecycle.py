@@ -68,11 +68,10 @@ def _release(fifo: str, rec: st.Record) -> str | None:
     """Opens the fifo for reading (unblocking the init) and reads until the init execs (EOF).
     Returns None on success, else the init's error message."""
     import select
-    from runtime.linux import syscalls as sc
     fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         try:
-            pidfd = sc.pidfd_open(rec.pid)
+            pidfd = os.pidfd_open(rec.pid)  # os's, not ctypes': `start` then needs no ctypes import
         except OSError:
             return "the container init is gone"
         try:
@@ -124,16 +123,16 @@ def kill(root: str, container_id: str, sig: int, all: bool = False) -> None:
 
 
 def _signal_init(rec: st.Record, sig: int) -> None:
-    from runtime.linux import syscalls as sc
+    import _signal  # the C module: pidfd_send_signal without building the signal enums
     try:
-        pidfd = sc.pidfd_open(rec.pid)
+        pidfd = os.pidfd_open(rec.pid)
     except ProcessLookupError:
         raise InvalidState(f"container {rec.id!r} is not running") from None
     try:
         # the pidfd pins the process: check it is still our init (not a reused pid) before signalling
         if not st.init_alive(rec):
             raise InvalidState(f"container {rec.id!r} is not running")
-        sc.pidfd_send_signal(pidfd, sig)
+        _signal.pidfd_send_signal(pidfd, sig)
     finally:
         os.close(pidfd)
 
@@ -195,9 +194,8 @@ def _destroy(mgr: Any) -> None:
 
 def _wait_gone(rec: st.Record, timeout: float = 10.0) -> None:
     import select
-    from runtime.linux import syscalls as sc
     try:
-        pidfd = sc.pidfd_open(rec.pid)
+        pidfd = os.pidfd_open(rec.pid)
     except ProcessLookupError:
         return
     try:
