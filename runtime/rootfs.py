@@ -518,16 +518,6 @@ def _locked_flags(path: str) -> int:
     return out
 
 
-def _mount_point_of(path: str) -> str:
-    best = "/"
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            mp = line.split()[4]
-            if (path == mp or path.startswith(mp.rstrip("/") + "/")) and len(mp) > len(best):
-                best = mp
-    return best
-
-
 def _cgroup_mount_opts(mnt: str) -> str:
     with open("/proc/self/mountinfo") as f:
         for line in f:
