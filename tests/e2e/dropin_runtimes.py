@@ -38,6 +38,26 @@ class RuntimeBinary:
         return {line.strip() for line in res.stdout.splitlines() if line.strip()}
 
 
+    def force_delete_bundles_under(self, prefix: str, root: str | None = None) -> list[str]:
+        """Cleanup: `delete --force` every container whose bundle lies under prefix (the test's own dir)."""
+        import json
+
+        res = self.run("list", "--format", "json", root=root)
+        if res.returncode != 0:
+            return []
+        try:
+            entries = json.loads(res.stdout or "null") or []
+        except ValueError:
+            return []
+        removed = []
+        for entry in entries:
+            bundle = str(entry.get("bundle", ""))
+            if bundle == prefix or bundle.startswith(prefix.rstrip("/") + "/"):
+                self.run("delete", "--force", str(entry["id"]), root=root)
+                removed.append(str(entry["id"]))
+        return removed
+
+
 def find_husk() -> str | None:
     env = os.environ.get("HUSK_BIN")
     if env:
