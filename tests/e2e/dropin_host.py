@@ -205,7 +205,8 @@ def kill_pids(pids: list[int]) -> None:
             pass
 
 
-def run_with_pty(argv: list[str], timeout: float = 60, env: dict[str, str] | None = None) -> tuple[int, str]:
+def run_with_pty(argv: list[str], timeout: float = 60, env: dict[str, str] | None = None,
+                 cwd: str | Path | None = None) -> tuple[int, str]:
     """Run argv with a new pseudo-terminal as stdin/stdout/stderr (ctr -t and podman -t insist on one).
 
     Returns the exit code and everything written to the terminal.
@@ -216,7 +217,7 @@ def run_with_pty(argv: list[str], timeout: float = 60, env: dict[str, str] | Non
     master, slave = pty.openpty()
     try:
         proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, close_fds=True,
-                                start_new_session=True, env=env)
+                                start_new_session=True, env=env, cwd=cwd)
     finally:
         os.close(slave)
     chunks = []

@@ -106,8 +106,9 @@ class PrivatePodman:
 
     def podman(self, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
         argv = self.argv(*args)
+        # cwd is ours: conmon writes files (an "oom" marker) into the working directory it inherits.
         res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=self.env,
-                             stdin=subprocess.DEVNULL)
+                             stdin=subprocess.DEVNULL, cwd=self.base)
         if check and res.returncode != 0:
             raise AssertionError(f"{' '.join(argv)}: rc {res.returncode}\nstdout: {res.stdout}\n"
                                  f"stderr: {res.stderr}")

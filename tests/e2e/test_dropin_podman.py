@@ -102,7 +102,7 @@ def test_exec(pm: PrivatePodman, busybox_image: BuiltImage, name: str) -> None:
 def test_run_with_tty(pm: PrivatePodman, busybox_image: BuiltImage, name: str) -> None:
     argv = pm.argv("run", "--rm", "-t", "--name", name, *pm.run_flags(), busybox_image.name, "sh", "-c",
                    "tty; exit 5")
-    rc, out = host.run_with_pty(argv, env=pm.env, timeout=120)
+    rc, out = host.run_with_pty(argv, env=pm.env, timeout=120, cwd=pm.base)
     assert rc == 5, out
     assert "/dev/pts/0" in out
 
