@@ -174,6 +174,19 @@ def pids_with_cmdline(*needles: str) -> list[int]:
     return out
 
 
+def cmdline_arg(pid: int, flag: str) -> str | None:
+    """The value after flag on pid's command line (e.g. a shim's -id), None if absent or gone."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            args = f.read().decode(errors="replace").split("\0")
+    except OSError:
+        return None
+    for i, a in enumerate(args[:-1]):
+        if a == flag:
+            return args[i + 1]
+    return None
+
+
 def wait_until(predicate, timeout: float = 20.0, interval: float = 0.1) -> bool:
     """Poll predicate until it is true or timeout passes (readiness, never a pass/fail timing)."""
     deadline = time.monotonic() + timeout

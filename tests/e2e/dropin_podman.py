@@ -154,19 +154,30 @@ class PrivatePodman:
         """Remove every container, then everything on disk; returns what had to be cleaned (never raises)."""
         problems = []
         try:
-            left = self.container_ids()
+            left = self.container_ids_quick()
+            if left:
+                problems.append(f"containers left at teardown: {sorted(left)}")
+                self.podman("rm", "-a", "-f", "-t", "0", check=False, timeout=60)
         except (AssertionError, subprocess.SubprocessError) as e:
-            left, problems = set(), [f"podman ps failed: {e}"]
-        if left:
-            problems.append(f"containers left at teardown: {sorted(left)}")
-            self.podman("rm", "-a", "-f", "-t", "0", check=False)
+            problems.append(f"podman cleanup failed: {e}")
         # A runtime whose delete failed keeps state in its default root: remove what points into our dir.
-        stale = self.runtime.force_delete_bundles_under(str(self.base))
+        try:
+            stale = self.runtime.force_delete_bundles_under(str(self.base))
+        except subprocess.SubprocessError as e:
+            stale = [f"(runtime list failed: {e})"]
         if stale:
             problems.append(f"{self.runtime.name} state left for {stale}")
+        # conmon and any hung runtime process name our directory on their command line.
+        stuck = [p for p in host.pids_with_cmdline(str(self.base)) if p != os.getpid()]
+        if stuck:
+            problems.append(f"processes left: {stuck}")
+            host.kill_pids(stuck)
         # Containers' init and conmon live in the cgroup parent: nothing else does.
         problems += [f"cgroup left: {p}" for p in host.remove_cgroup_tree(self.cgroup_parent)]
         for m in host.unmount_all_under(self.base):
             problems.append(f"mount left: {m}")
         shutil.rmtree(self.base, ignore_errors=True)
         return problems
+
+    def container_ids_quick(self) -> set[str]:
+        return set(self.podman("ps", "-a", "-q", "--no-trunc", timeout=30).stdout.split())
