@@ -58,6 +58,8 @@ class PrivateContainerd:
     namespace: str = "husk-dropin"
     base: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="husk-dropin-ctd-", dir="/tmp")))
     proc: subprocess.Popen | None = None
+    # Set when a ctr call timed out: the runtime hangs, so later tests fail at once instead of waiting too.
+    wedged: str = ""
 
     @property
     def address(self) -> str:
@@ -105,7 +107,11 @@ class PrivateContainerd:
     def ctr(self, *args: str, check: bool = True, timeout: float = 60, stdin=subprocess.DEVNULL,
             **kw) -> subprocess.CompletedProcess:
         argv = [CTR, "--address", self.address, "--namespace", self.namespace, *args]
-        res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=stdin, **kw)
+        try:
+            res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=stdin, **kw)
+        except subprocess.TimeoutExpired:
+            self.wedged = self.wedged or f"`ctr {' '.join(args[:2])}` timed out after {timeout}s"
+            raise
         if check and res.returncode != 0:
             raise AssertionError(f"{' '.join(argv)}: rc {res.returncode}\nstdout: {res.stdout}\n"
                                  f"stderr: {res.stderr}")

@@ -82,6 +82,8 @@ class PrivatePodman:
 
     runtime: RuntimeBinary
     base: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="husk-dropin-pm-", dir="/tmp")))
+    # Set when a podman call timed out: later tests fail at once instead of waiting for the same hang.
+    wedged: str = ""
 
     @property
     def cgroup_parent(self) -> str:
@@ -104,11 +106,15 @@ class PrivatePodman:
     def argv(self, *args: str) -> list[str]:
         return [PODMAN, "--runtime", self.runtime.path, *args]
 
-    def podman(self, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
+    def podman(self, *args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
         argv = self.argv(*args)
         # cwd is ours: conmon writes files (an "oom" marker) into the working directory it inherits.
-        res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=self.env,
-                             stdin=subprocess.DEVNULL, cwd=self.base)
+        try:
+            res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=self.env,
+                                 stdin=subprocess.DEVNULL, cwd=self.base)
+        except subprocess.TimeoutExpired:
+            self.wedged = self.wedged or f"`podman {' '.join(args[:1])}` timed out after {timeout}s"
+            raise
         if check and res.returncode != 0:
             raise AssertionError(f"{' '.join(argv)}: rc {res.returncode}\nstdout: {res.stdout}\n"
                                  f"stderr: {res.stderr}")
@@ -118,7 +124,7 @@ class PrivatePodman:
         return ["--cgroup-parent", self.cgroup_parent]
 
     def run(self, image: str, *cmd: str, name: str, detach: bool = False, rm: bool = False,
-            extra: tuple[str, ...] = (), check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
+            extra: tuple[str, ...] = (), check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
         flags = (["-d"] if detach else []) + (["--rm"] if rm else [])
         return self.podman("run", "--name", name, *flags, *self.run_flags(), *extra, image, *cmd, check=check,
                            timeout=timeout)

@@ -5,6 +5,7 @@ husk is found as HUSK_BIN, else the `husk` launcher next to the test interpreter
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -37,11 +38,8 @@ class RuntimeBinary:
                                f"{res.stderr.strip()}")
         return {line.strip() for line in res.stdout.splitlines() if line.strip()}
 
-
     def force_delete_bundles_under(self, prefix: str, root: str | None = None) -> list[str]:
         """Cleanup: `delete --force` every container whose bundle lies under prefix (the test's own dir)."""
-        import json
-
         res = self.run("list", "--format", "json", root=root)
         if res.returncode != 0:
             return []

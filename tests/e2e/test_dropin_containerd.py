@@ -46,6 +46,8 @@ def ctd(request: pytest.FixtureRequest, busybox_image: BuiltImage):
 @pytest.fixture
 def cid(ctd: PrivateContainerd, request: pytest.FixtureRequest):
     """A fresh container id; whatever the test leaves under it is removed afterwards."""
+    if ctd.wedged:
+        pytest.fail(f"{ctd.runtime.name}: not run, an earlier call hung: {ctd.wedged}")
     name = f"dropin-{ctd.runtime.name}-{uuid.uuid4().hex[:10]}"
     yield name
     ctd.remove(name)

@@ -46,6 +46,8 @@ def pm(request: pytest.FixtureRequest, busybox_image: BuiltImage):
 
 @pytest.fixture
 def name(pm: PrivatePodman):
+    if pm.wedged:
+        pytest.fail(f"{pm.runtime.name}: not run, an earlier call hung: {pm.wedged}")
     n = f"dropin-{pm.runtime.name}-{uuid.uuid4().hex[:10]}"
     yield n
     try:
@@ -106,7 +108,7 @@ def test_exec(pm: PrivatePodman, busybox_image: BuiltImage, name: str) -> None:
 def test_run_with_tty(pm: PrivatePodman, busybox_image: BuiltImage, name: str) -> None:
     argv = pm.argv("run", "--rm", "-t", "--name", name, *pm.run_flags(), busybox_image.name, "sh", "-c",
                    "tty; exit 5")
-    rc, out = host.run_with_pty(argv, env=pm.env, timeout=120, cwd=pm.base)
+    rc, out = host.run_with_pty(argv, env=pm.env, timeout=60, cwd=pm.base)
     assert rc == 5, out
     assert "/dev/pts/0" in out
 
