@@ -6,6 +6,7 @@ imported from an OCI archive; ctr runs containers with `--runc-binary <runtime>`
 from __future__ import annotations
 
 import logging
+import subprocess
 import uuid
 from pathlib import Path
 
@@ -53,22 +54,40 @@ def cid(ctd: PrivateContainerd, request: pytest.FixtureRequest):
     ctd.remove(name)
 
 
+def _printed(attempt, tries: int = 3) -> subprocess.CompletedProcess:
+    """Run attempt(i) until its stdout is not empty, at most tries times.
+
+    ctr 1.6 sometimes loses the output of a process that exits at once (it deletes the process, closing
+    the IO, before its copy finished; seen with runc about once in 30 runs on a loaded host). A runtime
+    that never wires stdio still fails every attempt.
+    """
+    res = attempt(0)
+    for i in range(1, tries):
+        if res.stdout.strip():
+            break
+        log.warning("empty stdout from ctr (attempt %d), retrying", i)
+        res = attempt(i)
+    return res
+
+
 def test_run_prints_and_exits_zero(ctd: PrivateContainerd, busybox_image: BuiltImage, cid: str) -> None:
-    res = ctd.run(busybox_image.name, cid, "sh", "-c", f"echo hello from {cid}", rm=True)
+    res = _printed(lambda i: ctd.run(busybox_image.name, f"{cid}-{i}", "sh", "-c", f"echo hello from {cid}",
+                                     rm=True))
     assert res.returncode == 0
     assert f"hello from {cid}" in res.stdout
 
 
 def test_exit_code_reaches_ctr(ctd: PrivateContainerd, busybox_image: BuiltImage, cid: str) -> None:
-    res = ctd.run(busybox_image.name, cid, "sh", "-c", "echo bye; exit 7", rm=True, check=False)
+    res = _printed(lambda i: ctd.run(busybox_image.name, f"{cid}-{i}", "sh", "-c", "echo bye; exit 7", rm=True,
+                                     check=False))
     assert res.returncode == 7, res.stderr
     assert "bye" in res.stdout
 
 
 def test_container_sees_its_own_namespaces(ctd: PrivateContainerd, busybox_image: BuiltImage, cid: str) -> None:
     # pid 1 in the container is the command itself, and the rootfs is the image's.
-    res = ctd.run(busybox_image.name, cid, "sh", "-c", "echo pid=$$; cat /proc/1/cmdline | tr '\\0' ' '; echo;"
-                  " cat /etc/hostname", rm=True)
+    script = "echo pid=$$; cat /proc/1/cmdline | tr '\\0' ' '; echo; cat /etc/hostname"
+    res = _printed(lambda i: ctd.run(busybox_image.name, f"{cid}-{i}", "sh", "-c", script, rm=True))
     lines = res.stdout.splitlines()
     assert lines[0] == "pid=1"
     assert lines[1].startswith("sh -c echo pid=")
@@ -86,8 +105,9 @@ def test_failed_start_reports_runtime_error(ctd: PrivateContainerd, busybox_imag
 
 def test_exec_joins_the_container(ctd: PrivateContainerd, busybox_image: BuiltImage, cid: str) -> None:
     ctd.run(busybox_image.name, cid, "sleep", "1000", detach=True)
-    res = ctd.ctr("task", "exec", "--exec-id", "e1", cid, "sh", "-c",
-                  "cat /proc/1/cmdline | tr '\\0' ' '; echo; echo in-exec; exit 3", check=False)
+    script = "cat /proc/1/cmdline | tr '\\0' ' '; echo; echo in-exec; exit 3"
+    res = _printed(lambda i: ctd.ctr("task", "exec", "--exec-id", f"e1-{i}", cid, "sh", "-c", script,
+                                     check=False))
     assert res.returncode == 3, res.stderr
     assert res.stdout.splitlines()[0].strip() == "sleep 1000"
     assert "in-exec" in res.stdout
