@@ -12,14 +12,14 @@ import pytest
 from shim.attach import AttachClient
 from shim.client import AsyncTtrpcClient
 from shim.pb import google
-from tests.shim_fixtures import cleanup_shim, make_bundle, start_shim, unique, wait_for
+from tests.shim_fixtures import cleanup_shim, make_bundle, runtimes_available, start_shim, unique, wait_for
 
 pytestmark = pytest.mark.root
 
 
-@pytest.fixture
-def running(tmp_path):
-    s = start_shim(str(tmp_path), "runc", cid=unique("hstrm"))
+@pytest.fixture(params=runtimes_available())
+def running(request, tmp_path):
+    s = start_shim(str(tmp_path), request.param, cid=unique("hstrm"))
     bundle = make_bundle(str(tmp_path), s.cid, ["sleep", "100000"])
     with s.client() as c:
         c.Create(id=s.cid, bundle=bundle)

@@ -9,6 +9,7 @@ import pytest
 
 from cri_server.streaming import AttachRequest
 from shim.pb import task_types
+from tests.shim_fixtures import runtimes_available
 from tests.streaming_support.harness import run
 from tests.streaming_support.shim_pods import Targets, serving, start_container, stop_container, wait_until
 from tests.streaming_support.spdy_client import spdy_connect, spdy_exec
@@ -19,12 +20,12 @@ S = task_types.Status
 ECHO = ["sh", "-c", "while read l; do echo got:$l; echo err:$l >&2; done"]
 
 
-@pytest.fixture
-def containers(tmp_path):
+@pytest.fixture(params=runtimes_available())
+def containers(request, tmp_path):
     made = []
 
     def make(args, **kw):
-        c = start_container(str(tmp_path), args, **kw)
+        c = start_container(str(tmp_path), args, runtime=request.param, **kw)
         made.append(c)
         return c
     yield make
@@ -48,7 +49,7 @@ def test_attach_write_read_detach_reattach(containers):
     targets.add(box)
 
     async def main():
-        async with serving(targets, (box,)) as srv:
+        async with serving(targets, (box,), own_children=True) as srv:
             client, err, sin, sout, serr = await _attach_spdy(
                 srv.get_attach_url(AttachRequest(box.cid, stdin=True, stdout=True, stderr=True)))
             await sin.send(b"hello\n")
@@ -74,7 +75,7 @@ def test_attach_output_fans_out_to_two_sessions(containers):
     targets.add(box)
 
     async def main():
-        async with serving(targets, (box,)) as srv:
+        async with serving(targets, (box,), own_children=True) as srv:
             a = await _attach_spdy(srv.get_attach_url(AttachRequest(box.cid, stdin=True, stdout=True, stderr=True)))
             ws = await ws_open(srv.get_attach_url(AttachRequest(box.cid, stdout=True)), ["v4.channel.k8s.io"])
             assert decode(ws.subprotocol, await ws.recv()) == (STDOUT, b"")
@@ -107,7 +108,7 @@ def test_attach_ends_when_the_container_exits(containers):
     targets.add(box2)
 
     async def main():
-        async with serving(targets, (box, box2)) as srv:
+        async with serving(targets, (box, box2), own_children=True) as srv:
             res = await spdy_exec(srv.get_attach_url(AttachRequest(box.cid, stdin=True, stdout=True)),
                                   stdin=b"now\n", close_stdin=False)
             assert res.stdout == b"bye:now\n"
@@ -127,7 +128,7 @@ def test_attach_stdin_once_closes_stdin_at_the_end_of_input(containers):
     targets.add(box)
 
     async def main():
-        async with serving(targets, (box,)) as srv:
+        async with serving(targets, (box,), own_children=True) as srv:
             res = await spdy_exec(srv.get_attach_url(AttachRequest(box.cid, stdin=True, stdout=True)),
                                   stdin=b"once\n")
             assert res.stdout == b"once\n" and json.loads(res.error)["status"] == "Success"
@@ -141,7 +142,7 @@ def test_attach_without_stdin_once_keeps_stdin_open(containers):
     targets.add(box)
 
     async def main():
-        async with serving(targets, (box,)) as srv:
+        async with serving(targets, (box,), own_children=True) as srv:
             client, err, sin, sout, serr = await _attach_spdy(
                 srv.get_attach_url(AttachRequest(box.cid, stdin=True, stdout=True, stderr=True)))
             await sin.send(b"a\n", fin=True)  # this client is done writing; the container's stdin stays open
@@ -162,7 +163,7 @@ def test_attach_tty_with_resize(containers):
     targets.add(box)
 
     async def main():
-        async with serving(targets, (box,)) as srv:
+        async with serving(targets, (box,), own_children=True) as srv:
             reply, client = await spdy_connect(
                 srv.get_attach_url(AttachRequest(box.cid, tty=True, stdin=True, stdout=True)), ["v4.channel.k8s.io"])
             await client.open_stream({"streamType": "error"})
@@ -187,7 +188,7 @@ def test_attach_to_unknown_or_stopped_container(containers):
     targets.add(box, running=False)
 
     async def main():
-        async with serving(targets, (box,)) as srv:
+        async with serving(targets, (box,), own_children=True) as srv:
             for cid, status in ((box.cid, 409), ("hstrm-nope", 404)):
                 reply, client = await spdy_connect(srv.get_attach_url(AttachRequest(cid, stdout=True)),
                                                    ["v4.channel.k8s.io"])

@@ -10,6 +10,7 @@ import os
 import pytest
 
 from cri_server.streaming import ExecRequest
+from tests.shim_fixtures import runtimes_available
 from tests.streaming_support.harness import run
 from tests.streaming_support.shim_pods import MARK, Targets, assert_no_leaks, serving, start_container, \
     stop_container, wait_until
@@ -19,10 +20,10 @@ from tests.streaming_support.ws_client import STDIN, STDOUT, decode, encode, ws_
 pytestmark = pytest.mark.root
 
 
-@pytest.fixture(scope="module")
-def box(tmp_path_factory):
-    """One long-running container shared by the exec tests (each test checks it is left clean)."""
-    c = start_container(str(tmp_path_factory.mktemp("hstrm-exec")), ["sleep", "100000"])
+@pytest.fixture(scope="module", params=runtimes_available())
+def box(request, tmp_path_factory):
+    """One long-running container per runtime, shared by the exec tests (each test checks it is left clean)."""
+    c = start_container(str(tmp_path_factory.mktemp("hstrm-exec")), ["sleep", "100000"], runtime=request.param)
     yield c
     stop_container(c)
 
@@ -275,7 +276,7 @@ def test_exec_fails_cleanly_when_the_shim_refuses(box, targets):
             st = _status(res.error)
             # As with containerd: the runtime's start failure as an InternalError (kubectl prints it).
             assert st["status"] == "Failure" and st["reason"] == "InternalError"
-            assert "/no/such/binary" in st["message"] and "no such file" in st["message"]
+            assert "/no/such/binary" in st["message"] and "no such file" in st["message"].lower()
     run(main)
 
 

@@ -9,15 +9,16 @@ import pytest
 from cri_server.streaming.execsync import ExecSyncTimeout, exec_sync
 from shim import ttrpc_wire
 from shim.pb import task_types
+from tests.shim_fixtures import runtimes_available
 from tests.streaming_support.harness import run
 from tests.streaming_support.shim_pods import MARK, assert_no_leaks, start_container, stop_container
 
 pytestmark = pytest.mark.root
 
 
-@pytest.fixture(scope="module")
-def box(tmp_path_factory):
-    c = start_container(str(tmp_path_factory.mktemp("hstrm-execsync")), ["sleep", "100000"])
+@pytest.fixture(scope="module", params=runtimes_available())
+def box(request, tmp_path_factory):
+    c = start_container(str(tmp_path_factory.mktemp("hstrm-execsync")), ["sleep", "100000"], runtime=request.param)
     yield c
     stop_container(c)
 
@@ -55,8 +56,8 @@ def test_exec_sync_timeout_kills_the_process_group_only(box):
     run(main)
 
 
-def test_exec_sync_in_a_stopped_container_is_a_shim_error(tmp_path):
-    c = start_container(str(tmp_path), ["true"])
+def test_exec_sync_in_a_stopped_container_is_a_shim_error(tmp_path, box):
+    c = start_container(str(tmp_path), ["true"], runtime=box.shim.runtime)
     try:
         async def main():
             from tests.streaming_support.shim_pods import wait_until

@@ -12,6 +12,7 @@ import pytest
 
 from cri_server.streaming import PortForwardRequest
 from cri_server.streaming.netns import open_connection_in_netns
+from tests.shim_fixtures import runtimes_available
 from tests.streaming_support.harness import run
 from tests.streaming_support.shim_pods import Targets, serving, start_container, stop_container
 from tests.streaming_support.spdy_client import spdy_connect
@@ -28,8 +29,8 @@ def _host_free_port() -> int:
     return port
 
 
-@pytest.fixture
-def pod(tmp_path):
+@pytest.fixture(params=runtimes_available())
+def pod(request, tmp_path):
     """A netns with lo up and an httpd container in it; yields (sandbox netns path, port, body, container)."""
     name = f"hstrm-{uuid.uuid4().hex[:8]}"
     subprocess.run(["ip", "netns", "add", name], check=True)
@@ -41,7 +42,7 @@ def pod(tmp_path):
         netns = f"/var/run/netns/{name}"
         box = start_container(str(tmp_path), ["sh", "-c", f"mkdir -p /www && echo '{body.strip()}' > /www/index.html "
                                                            f"&& exec httpd -f -p 127.0.0.1:{port} -h /www"],
-                              netns=netns)
+                              netns=netns, runtime=request.param)
         yield netns, port, body, box
     finally:
         if box is not None:
