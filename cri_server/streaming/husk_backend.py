@@ -146,6 +146,9 @@ class HuskStreamBackend:
 
     async def attach(self, container_id: str, io: StreamIO) -> None:
         target = await self._running(container_id)
+        log.debug("container %s: attach (container tty=%s stdin=%s stdin_once=%s; session stdin=%s stdout=%s "
+                  "stderr=%s)", container_id, target.tty, target.stdin, target.stdin_once, io.stdin is not None,
+                  io.stdout is not None, io.stderr is not None, extra={"container_id": container_id})
         client = await AsyncTtrpcClient.connect(target.shim_address)
         channel: AttachChannel | None = None
         helpers: list[asyncio.Task] = []
