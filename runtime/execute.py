@@ -117,10 +117,19 @@ def _open_namespaces(rec: st.Record) -> dict[str, int]:
 
 
 def _intermediate(rec: st.Record, process: dict[str, Any], ns_fds: dict[str, int], chan: Channel,
-                  console_fd: int, preserve_fds: int) -> None:
+                  console_fd: int, preserve_fds: int, reentered: bool = False) -> None:
     """Never returns. Joins the namespaces, forks the process, reports its pid and exits."""
     try:
         sc.set_dumpable(False)  # CVE-2019-5736 class: the container must not reach /proc/<us>/exe
+        from runtime import exeguard
+        if not exeguard.is_protected():
+            # and what it could reach is an interpreter on a detached read-only mount (runtime/exeguard.py)
+            if reentered:
+                raise SetupError("the runtime's interpreter is still writable after the protected re-exec")
+            exeguard.reenter("exec", {"rec": rec.to_dict(), "process": process, "ns_fds": ns_fds,
+                                      "chan": (chan.rfd, chan.wfd), "console_fd": console_fd,
+                                      "preserve_fds": preserve_fds},
+                             [chan.rfd, chan.wfd, console_fd, *ns_fds.values()])
         from runtime.init import preload
         seccomp = preload({"process": process, "linux": rec.config.get("linux") or {}})
         chan.expect("go")
@@ -179,3 +188,14 @@ def _process(rec: st.Record, process: dict[str, Any], chan: Channel, console_fd:
         finally:
             os._exit(1)
     os._exit(1)
+
+
+def resume(payload: dict[str, Any]) -> None:
+    """The protected re-exec continues here (runtime.exeguard.resume); never returns."""
+    chan = Channel(*payload["chan"])
+    ns_fds = payload["ns_fds"]
+    for fd in (chan.rfd, chan.wfd, payload["console_fd"], *ns_fds.values()):
+        if fd >= 0:
+            os.set_inheritable(fd, False)
+    _intermediate(st.Record.from_dict(payload["rec"]), payload["process"], ns_fds, chan, payload["console_fd"],
+                  payload["preserve_fds"], reentered=True)

@@ -43,6 +43,26 @@ class CreateContext:
         self.exe = ""                        # args[0] resolved in the container
         self.seccomp: object | None = None   # runtime.seccomp.CompiledFilter, prepared before pivot_root
 
+    def to_payload(self) -> dict[str, Any]:
+        """Plain values for the protected re-exec of the intermediate child (runtime.exeguard), which has not
+        prepared anything yet: host_pid, env, exe and seccomp are still unset there."""
+        return {"raw": self.cfg.raw, "bundle": self.cfg.bundle, "rootfs": self.cfg.rootfs,
+                "namespaces": [(n.type, n.path) for n in self.cfg.namespaces], "id": self.container_id,
+                "state_dir": self.state_dir, "fifo_path": self.fifo_path, "cgroup_path": self.cgroup_path,
+                "fifo_fd": self.fifo_fd, "console_fd": self.console_fd, "no_pivot": self.no_pivot,
+                "no_new_keyring": self.no_new_keyring, "preserve_fds": self.preserve_fds,
+                "extra_env": self.extra_env}
+
+    @classmethod
+    def from_payload(cls, p: dict[str, Any]) -> "CreateContext":
+        from runtime.config import Namespace
+        cfg = Config(p["raw"], p["bundle"], p["rootfs"])
+        cfg.namespaces = [Namespace(t, path) for t, path in p["namespaces"]]
+        return cls(cfg=cfg, container_id=p["id"], state_dir=p["state_dir"], fifo_path=p["fifo_path"],
+                   cgroup_path=p["cgroup_path"], fifo_fd=p["fifo_fd"], console_fd=p["console_fd"],
+                   no_pivot=p["no_pivot"], no_new_keyring=p["no_new_keyring"], preserve_fds=p["preserve_fds"],
+                   extra_env=p["extra_env"])
+
     def hook_state(self, pid: int, status: str) -> str:
         return st.dumps_json({"ociVersion": st.OCI_VERSION, "id": self.container_id, "status": status,
                               "pid": pid, "bundle": self.cfg.bundle,
