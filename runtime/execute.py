@@ -177,9 +177,12 @@ def _process(rec: st.Record, process: dict[str, Any], chan: Channel, console_fd:
         if process.get("oomScoreAdj") is not None:
             from runtime.process import set_oom_score_adj
             set_oom_score_adj(process["oomScoreAdj"])
-        from runtime.process import build_env, exec_process, find_executable
+        from runtime.process import build_env, close_fds, enter_cwd, exec_process, find_executable
+        # nothing of the runtime's or its caller's beyond stdio and --preserve-fds may stay open in here:
+        # not even long enough to be named as a cwd through /proc/self/fd (CVE-2024-21626 class)
+        close_fds(3 + preserve_fds, keep=(chan.wfd,))
         env = build_env(process)
-        os.chdir(process.get("cwd") or "/")
+        enter_cwd(process.get("cwd") or "/")
         exe = find_executable(process["args"][0], env, process.get("cwd") or "/")
         exec_process(process, exe, env, seccomp=seccomp, preserve_fds=preserve_fds)
     except BaseException as e:

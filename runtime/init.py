@@ -28,6 +28,11 @@ def run(ctx: "CreateContext", chan: "Channel") -> None:
         for sig in TERMINATING:
             signal.signal(sig, _exit_on_signal)
         os.setsid()
+        # nothing of the host may stay open in the container's pid 1 while it waits to be started (a leaked
+        # directory fd is a way out through /proc/1/fd or a cwd of /proc/self/fd/N): keep stdio, the preserved
+        # fds and our own channels only
+        from runtime.process import close_fds
+        close_fds(3 + ctx.preserve_fds, keep=(chan.rfd, chan.wfd, ctx.fifo_fd, ctx.console_fd))
         fifo_path = _setup(ctx, chan)
         chan.send("ready")
         chan.close()

@@ -185,6 +185,33 @@ def build_env(proc: dict[str, Any], extra: dict[str, str] | None = None) -> dict
     return env
 
 
+def enter_cwd(cwd: str) -> None:
+    """chdir into process.cwd, then prove the result is inside the container (the CVE-2024-21626 class: a cwd
+    such as /proc/self/fd/N naming a leaked host directory fd would put the process outside its root, where
+    getcwd(3) can only answer ENOENT, "unreachable")."""
+    try:
+        os.chdir(cwd)
+    except OSError as e:
+        raise SetupError(f"process.cwd {cwd}: {e.strerror}") from None
+    try:
+        here = os.getcwd()
+    except FileNotFoundError:
+        here = ""
+    if not here.startswith("/"):
+        raise SetupError(f"process.cwd {cwd}: resolves to a directory outside the container (through a file "
+                         f"descriptor or a magic link); refusing to run the process there")
+
+
+def close_fds(first: int, keep: tuple[int, ...] = ()) -> None:
+    """Closes every fd from `first` up except those in `keep` (before anything can name them by /proc path)."""
+    lo = first
+    for fd in sorted(k for k in set(keep) if k >= first):
+        if fd > lo:
+            sc.close_range(lo, fd - 1)
+        lo = fd + 1
+    sc.close_range(lo, 0xFFFFFFFF)
+
+
 def exec_process(proc: dict[str, Any], path: str, env: dict[str, str], *, seccomp: Any,
                  preserve_fds: int, keep_fds: tuple[int, ...] = (), rlimits_set: bool = False,
                  personality: dict[str, Any] | None = None) -> None:
@@ -211,10 +238,7 @@ def exec_process(proc: dict[str, Any], path: str, env: dict[str, str], *, seccom
     if nnp:
         sc.set_no_new_privs()
     os.umask(user.get("umask", 0o022) if user.get("umask") is not None else 0o022)
-    try:
-        os.chdir(proc.get("cwd") or "/")
-    except OSError as e:
-        raise SetupError(f"process.cwd {proc.get('cwd')}: {e.strerror}") from None
+    enter_cwd(proc.get("cwd") or "/")
     # Python ignores SIGPIPE and SIGXFSZ; ignored signals survive execve, so give the program the defaults
     for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
