@@ -29,7 +29,7 @@ def run(ctx: "CreateContext", chan: "Channel", reentered: bool = False) -> None:
             if reentered:
                 raise SetupError("the runtime's interpreter is still writable after the protected re-exec")
             exeguard.reenter("create", {"ctx": ctx.to_payload(), "chan": (chan.rfd, chan.wfd)},
-                             [chan.rfd, chan.wfd, ctx.fifo_fd, ctx.console_fd])
+                             [chan.rfd, chan.wfd, ctx.fifo_fd, ctx.console_fd, ctx.listener_fd])
         cfg = ctx.cfg
         seen: set[str] = set()
 
@@ -109,7 +109,7 @@ def resume(payload: dict) -> None:
     from runtime.sync import Channel
     ctx = CreateContext.from_payload(payload["ctx"])
     chan = Channel(*payload["chan"])
-    for fd in (chan.rfd, chan.wfd, ctx.fifo_fd, ctx.console_fd):
+    for fd in (chan.rfd, chan.wfd, ctx.fifo_fd, ctx.console_fd, ctx.listener_fd):
         if fd >= 0:
             os.set_inheritable(fd, False)
     run(ctx, chan, reentered=True)

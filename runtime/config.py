@@ -243,7 +243,8 @@ def _check_linux(cfg: Config) -> None:
             from runtime import seccomp  # written by the seccomp engineer; imported only when a profile is set
         except ImportError:
             raise ConfigError("linux.seccomp", "seccomp support (runtime.seccomp) is not installed") from None
-        seccomp.validate(linux["seccomp"])
+        # SCMP_ACT_NOTIFY is supported: the runtime hands the listener fd to listenerPath (seccomp_notify.py)
+        seccomp.validate(linux["seccomp"], allow_notify=True)
     for key in ("intelRdt", "netDevices", "memoryPolicy"):
         if linux.get(key):
             raise ConfigError(f"linux.{key}", "is not supported by husk")

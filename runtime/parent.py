@@ -42,6 +42,8 @@ class CreateContext:
         self.env: dict[str, str] = {}        # the process environment, computed before the fifo
         self.exe = ""                        # args[0] resolved in the container
         self.seccomp: object | None = None   # runtime.seccomp.CompiledFilter, prepared before pivot_root
+        self.listener_fd = -1                # connected to linux.seccomp.listenerPath (SCMP_ACT_NOTIFY)
+        self.handoff: Any = None             # runtime.seccomp_notify.Handoff over listener_fd, in the init
 
     def to_payload(self) -> dict[str, Any]:
         """Plain values for the protected re-exec of the intermediate child (runtime.exeguard), which has not
@@ -51,22 +53,27 @@ class CreateContext:
                 "state_dir": self.state_dir, "fifo_path": self.fifo_path, "cgroup_path": self.cgroup_path,
                 "fifo_fd": self.fifo_fd, "console_fd": self.console_fd, "no_pivot": self.no_pivot,
                 "no_new_keyring": self.no_new_keyring, "preserve_fds": self.preserve_fds,
-                "extra_env": self.extra_env}
+                "extra_env": self.extra_env, "listener_fd": self.listener_fd}
 
     @classmethod
     def from_payload(cls, p: dict[str, Any]) -> "CreateContext":
         from runtime.config import Namespace
         cfg = Config(p["raw"], p["bundle"], p["rootfs"])
         cfg.namespaces = [Namespace(t, path) for t, path in p["namespaces"]]
-        return cls(cfg=cfg, container_id=p["id"], state_dir=p["state_dir"], fifo_path=p["fifo_path"],
-                   cgroup_path=p["cgroup_path"], fifo_fd=p["fifo_fd"], console_fd=p["console_fd"],
-                   no_pivot=p["no_pivot"], no_new_keyring=p["no_new_keyring"], preserve_fds=p["preserve_fds"],
-                   extra_env=p["extra_env"])
+        ctx = cls(cfg=cfg, container_id=p["id"], state_dir=p["state_dir"], fifo_path=p["fifo_path"],
+                  cgroup_path=p["cgroup_path"], fifo_fd=p["fifo_fd"], console_fd=p["console_fd"],
+                  no_pivot=p["no_pivot"], no_new_keyring=p["no_new_keyring"], preserve_fds=p["preserve_fds"],
+                  extra_env=p["extra_env"])
+        ctx.listener_fd = p["listener_fd"]
+        return ctx
+
+    def state(self, pid: int, status: str) -> dict[str, Any]:
+        """The OCI state record (what hooks read on stdin and a seccomp agent receives)."""
+        return {"ociVersion": st.OCI_VERSION, "id": self.container_id, "status": status, "pid": pid,
+                "bundle": self.cfg.bundle, "annotations": self.cfg.raw.get("annotations") or {}}
 
     def hook_state(self, pid: int, status: str) -> str:
-        return st.dumps_json({"ociVersion": st.OCI_VERSION, "id": self.container_id, "status": status,
-                              "pid": pid, "bundle": self.cfg.bundle,
-                              "annotations": self.cfg.raw.get("annotations") or {}})
+        return st.dumps_json(self.state(pid, status))
 
 
 def create(root: str, container_id: str, cfg: Config, *, console_socket: str | None, pid_file: str | None,
@@ -111,6 +118,12 @@ def create(root: str, container_id: str, cfg: Config, *, console_socket: str | N
         ctx = CreateContext(cfg=cfg, container_id=container_id, state_dir=state_dir, fifo_path=fifo,
                             cgroup_path=cgroup_path, fifo_fd=fifo_fd, console_fd=console_fd, no_pivot=no_pivot,
                             no_new_keyring=no_new_keyring, preserve_fds=preserve_fds, extra_env=extra_env)
+        listener = notify_listener(cfg.linux.get("seccomp"))
+        if listener:
+            # connected now, while listenerPath is reachable; the init sends on it once its filter is loaded
+            from runtime import seccomp_notify
+            ctx.listener_fd = seccomp_notify.connect(listener)
+            undo.callback(_close, ctx.listener_fd)
         parent_chan, child_chan = pair()
         undo.callback(parent_chan.close)
         # the init becomes our child when the intermediate exits, so a failed create can kill and reap it;
@@ -134,12 +147,23 @@ def create(root: str, container_id: str, cfg: Config, *, console_socket: str | N
             st.write_pid_file(pid_file, init_pid)
         if console_fd >= 0:
             os.close(console_fd)
+        if ctx.listener_fd >= 0:
+            os.close(ctx.listener_fd)
         os.close(fifo_fd)
         parent_chan.close()
         lock.release()
         undo.pop_all()
     logutil.debug("created container %s, init pid %d", container_id, init_pid, container_id=container_id)
     return init_pid
+
+
+def notify_listener(profile: dict[str, Any] | None) -> str | None:
+    """linux.seccomp.listenerPath when the profile has a SCMP_ACT_NOTIFY rule (else None)."""
+    if not profile or not profile.get("listenerPath"):
+        return None
+    if any(r.get("action") == "SCMP_ACT_NOTIFY" for r in profile.get("syscalls") or []):
+        return str(profile["listenerPath"])
+    return None
 
 
 def cgroup_resources(cfg: Config) -> dict[str, Any]:

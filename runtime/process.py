@@ -214,12 +214,13 @@ def close_fds(first: int, keep: tuple[int, ...] = ()) -> None:
 
 def exec_process(proc: dict[str, Any], path: str, env: dict[str, str], *, seccomp: Any,
                  preserve_fds: int, keep_fds: tuple[int, ...] = (), rlimits_set: bool = False,
-                 personality: dict[str, Any] | None = None) -> None:
+                 personality: dict[str, Any] | None = None, on_listener: Any = None) -> None:
     """Applies user, caps, no_new_privs, umask and cwd, then seccomp (last) and execve. Never returns.
 
     `seccomp` is what runtime.seccomp.prepare() returned before pivot_root/setns(mnt), or None. As runc does,
     without noNewPrivileges the filter is loaded before capabilities are dropped (the kernel then demands
-    CAP_SYS_ADMIN), so the profile must allow the few syscalls that remain before execve."""
+    CAP_SYS_ADMIN), so the profile must allow the few syscalls that remain before execve.
+    `on_listener(fd, compiled)` hands a SCMP_ACT_NOTIFY listener fd on (runtime.seccomp_notify.Handoff.send)."""
     from runtime import capabilities
     caps = proc.get("capabilities") or {}
     user = proc.get("user") or {}
@@ -229,7 +230,7 @@ def exec_process(proc: dict[str, Any], path: str, env: dict[str, str], *, seccom
     apply_scheduling(proc, personality)
     if seccomp is not None and not nnp:
         from runtime import seccomp as seccomp_mod
-        seccomp_mod.install(seccomp, False)
+        seccomp_mod.install(seccomp, False, on_listener=on_listener)
     capabilities.drop_bounding(caps)
     switch_user(user)
     capabilities.apply(caps)
@@ -253,7 +254,7 @@ def exec_process(proc: dict[str, Any], path: str, env: dict[str, str], *, seccom
             pass
     if seccomp is not None and nnp:
         from runtime import seccomp as seccomp_mod
-        seccomp_mod.install(seccomp, True)
+        seccomp_mod.install(seccomp, True, on_listener=on_listener)
     try:
         os.execve(path, proc["args"], env)
     except OSError as e:

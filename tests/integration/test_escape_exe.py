@@ -18,10 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.hostpython import INTERPRETER, interpreter_mounts
+
 pytestmark = pytest.mark.root
-
-INTERPRETER = os.path.realpath(sys.executable)
-
 
 def _digest(path: str) -> str:
     with open(path, "rb") as f:
@@ -138,27 +137,9 @@ print("RESULT", res)
 '''
 
 
-def _interpreter_mounts() -> list[dict]:
-    """Read-only binds of what the host interpreter needs to start (its prefix and shared libraries): test set-up
-    so that the attack program can run at all inside a busybox rootfs. The exe itself is not among them."""
-    dirs = {sys.base_prefix, "/lib64"}
-    out = subprocess.run(["ldd", INTERPRETER], capture_output=True, text=True, check=True).stdout
-    for line in out.splitlines():
-        parts = line.split("=>")
-        path = (parts[1] if len(parts) > 1 else parts[0]).split("(")[0].strip()
-        if path.startswith("/"):
-            dirs.add(os.path.dirname(os.path.realpath(path)))
-            dirs.add(os.path.dirname(path))
-    dirs = {d for d in dirs if os.path.isdir(d)}
-    # a directory inside another bound one needs no mount of its own
-    keep = sorted(d for d in dirs if not any(d != o and d.startswith(o.rstrip("/") + "/") for o in dirs))
-    return [{"destination": d, "type": "bind", "source": d, "options": ["rbind", "ro", "nosuid", "nodev"]}
-            for d in keep]
-
-
 def _probe_bundle(make_bundle, args: list[str], caps: tuple[str, ...]):
     def edit(c):
-        c["mounts"] += _interpreter_mounts()
+        c["mounts"] += interpreter_mounts()
         c["process"]["capabilities"] = _caps(*caps)
         c["process"]["env"] = ["PATH=/bin:/sbin:/usr/bin", "HOME=/root"]
     b = make_bundle(args, edit=edit)
