@@ -69,8 +69,12 @@ def run(ctx: "CreateContext", chan: "Channel", reentered: bool = False) -> None:
                 os.close(fd)
         if userns_new:
             sc.unshare(sc.CLONE_NEWUSER)
+            # the parent writes our /proc/<pid>/{uid,gid}_map and setgroups: a non-dumpable process's proc files
+            # belong to host root, out of an unprivileged runtime's reach. Nothing of the container exists yet.
+            sc.set_dumpable(True)
             chan.send("maps")
             wait_for("mapped")
+            sc.set_dumpable(False)
             os.setresgid(0, 0, 0)
             os.setresuid(0, 0, 0)
         flags = 0

@@ -63,7 +63,9 @@ def exec_process(root: str, container_id: str, process: dict[str, Any], *, conso
         console_fd = listener_fd = -1
         pid = 0
         try:
-            mgr.apply(pid1)
+            if os.geteuid() == 0 or cgroup or mgr.exists():
+                mgr.apply(pid1)
+            # else: a rootless container created without a cgroup (runtime/parent.py): nothing to join
             parent_chan.send("go")
             pid = int(parent_chan.expect("pid"))
             _, status1 = os.waitpid(pid1, 0)

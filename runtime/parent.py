@@ -104,12 +104,18 @@ def create(root: str, container_id: str, cfg: Config, *, console_socket: str | N
         # opened here and inherited: the init may run as a uid that cannot reach the state dir (user ns)
         fifo_fd = os.open(fifo, os.O_PATH | os.O_CLOEXEC)
         undo.callback(_close, fifo_fd)
-        mgr = cgroups.manager_for(cgroup_path)
-        existed = mgr.exists()
-        mgr.create()
-        if not existed:
-            undo.callback(_destroy_cgroup, mgr)
-        mgr.set(cgroup_resources(cfg))
+        mgr: Any = None
+        if os.geteuid() == 0 or cfg.linux.get("resources"):
+            mgr = cgroups.manager_for(cgroup_path)
+            existed = mgr.exists()
+            mgr.create()
+            if not existed:
+                undo.callback(_destroy_cgroup, mgr)
+            mgr.set(cgroup_resources(cfg))
+        else:
+            # as runc: an unprivileged runtime that is asked for no resource limits runs the container in its
+            # caller's cgroup rather than failing on cgroup directories it may not create
+            logutil.debug("rootless: no cgroup for container %s", container_id, container_id=container_id)
         console_fd = -1
         if console_socket and cfg.process.get("terminal"):
             from runtime import console
@@ -232,8 +238,9 @@ class _Procs:
         # anything else in the cgroup (an init whose pid never reached us, its children): kill, then reap what
         # was reparented to us (we are a subreaper), so that the cgroup can be removed
         try:
-            if self.mgr.exists():
-                self.mgr.kill_all(signal.SIGKILL)
+            if self.mgr is None or not self.mgr.exists():
+                return
+            self.mgr.kill_all(signal.SIGKILL)
         except (OSError, SetupError):
             return
         import time
@@ -251,10 +258,8 @@ class _Procs:
 
 def _drive(ctx: CreateContext, mgr: Any, chan: Channel, pid1: int, procs: _Procs) -> int:
     """Runs the parent's side of the sync protocol; returns the init's pid once it reports ready."""
-    try:
+    if mgr is not None:
         mgr.apply(pid1)
-    except SetupError:
-        raise
     chan.send("go")
     init_pid = 0
     held: list[tuple[str, str]] = []
@@ -304,6 +309,11 @@ def _create_hooks(ctx: CreateContext, init_pid: int) -> None:
 
 
 def _write_id_maps(pid: int, cfg: Config) -> None:
+    if os.geteuid() != 0:
+        # an unprivileged writer may map its own ids only, and a gid_map only once setgroups(2) is denied in the
+        # namespace (else the container could drop the writer's supplementary groups: negative-permission files)
+        with open(f"/proc/{pid}/setgroups", "w") as f:
+            f.write("deny")
     for kind, key in (("uid_map", "uidMappings"), ("gid_map", "gidMappings")):
         lines = "".join(f"{m['containerID']} {m['hostID']} {m['size']}\n" for m in cfg.linux.get(key) or [])
         with open(f"/proc/{pid}/{kind}", "w") as f:

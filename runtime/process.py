@@ -163,10 +163,13 @@ def switch_user(user: dict[str, Any]) -> None:
     sc.set_keepcaps(True)
     try:
         groups = user.get("additionalGids") or []
-        try:
-            os.setgroups(groups)
-        except OSError as e:
-            raise SetupError(f"setgroups {groups}: {e.strerror}") from None
+        if groups or not setgroups_denied():
+            try:
+                os.setgroups(groups)
+            except OSError as e:
+                why = (" (setgroups is denied in this user namespace: an unprivileged runtime wrote the gid map)"
+                       if setgroups_denied() else "")
+                raise SetupError(f"process.user.additionalGids {groups}: setgroups: {e.strerror}{why}") from None
         try:
             os.setresgid(gid, gid, gid)
             os.setresuid(uid, uid, uid)
@@ -174,6 +177,14 @@ def switch_user(user: dict[str, Any]) -> None:
             raise SetupError(f"switch to uid {uid} gid {gid}: {e.strerror} (is the id mapped?)") from None
     finally:
         sc.set_keepcaps(False)
+
+
+def setgroups_denied() -> bool:
+    try:
+        with open("/proc/self/setgroups") as f:
+            return f.read().strip() == "deny"
+    except OSError:
+        return False
 
 
 def build_env(proc: dict[str, Any], extra: dict[str, str] | None = None) -> dict[str, str]:
