@@ -170,6 +170,19 @@ def _check_process(proc: dict[str, Any] | None, where: str, *, create: bool) -> 
             raise ConfigError(f"{where}.rlimits[{i}]", f"soft limit {rl['soft']} exceeds hard limit {rl['hard']}")
     if proc.get("terminal") is not None and not isinstance(proc.get("terminal"), bool):
         raise ConfigError(f"{where}.terminal", "must be a boolean")
+    if proc.get("selinuxLabel"):
+        # as runc: a label that cannot be applied is an error, never a silently unconfined process
+        raise ConfigError(f"{where}.selinuxLabel", selinux_refusal())
+
+
+def selinux_enabled() -> bool:
+    return os.path.exists("/sys/fs/selinux/enforce")
+
+
+def selinux_refusal() -> str:
+    if not selinux_enabled():
+        return "an SELinux label is set but SELinux is disabled or not supported on this host (as runc refuses)"
+    return "husk does not apply SELinux labels (`husk features` reports selinux.enabled false)"
 
 
 # sysctl prefixes -> the namespace they belong to (from the kernel's namespaced sysctls)
@@ -245,6 +258,9 @@ def _check_linux(cfg: Config) -> None:
             raise ConfigError("linux.seccomp", "seccomp support (runtime.seccomp) is not installed") from None
         # SCMP_ACT_NOTIFY is supported: the runtime hands the listener fd to listenerPath (seccomp_notify.py)
         seccomp.validate(linux["seccomp"], allow_notify=True)
+    if linux.get("mountLabel") and selinux_enabled():
+        # without SELinux the label means nothing and is ignored (as crun; runc 1.1 passes context= and fails)
+        raise ConfigError("linux.mountLabel", selinux_refusal())
     for key in ("intelRdt", "netDevices", "memoryPolicy"):
         if linux.get(key):
             raise ConfigError(f"linux.{key}", "is not supported by husk")
