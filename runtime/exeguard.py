@@ -103,13 +103,10 @@ def _sealed_copy() -> int:
 
 
 def python_argv() -> list[str]:
-    """The interpreter and the flags that matter for re-running this interpreter the same way."""
+    """The interpreter for a re-exec'd stage: isolated and without site (the payload brings sys.path), and
+    writing no bytecode if this one does not."""
     import sys
-    argv = [sys.executable or "python3"]
-    if sys.flags.isolated:
-        argv.append("-I")
-    if sys.flags.no_site:
-        argv.append("-S")
+    argv = [sys.executable or "python3", "-I", "-S"]
     if sys.flags.dont_write_bytecode:
         argv.append("-B")
     return argv
