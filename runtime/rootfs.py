@@ -257,10 +257,32 @@ class RootFs:
                 opts.clear &= ~_KERNEL_FS_FLAGS
             fd = self.ensure_target(dest, is_file=False)
             try:
+                self._check_proc_target(fd, dest, mtype == "proc")
                 self._mount_fs(m.get("source") or mtype, fd, dest, mtype, opts)
             finally:
                 os.close(fd)
         self._after(dest, opts)
+
+    # What may be mounted inside /proc: the files lxcfs emulates (runc's list); anything else there could hide
+    # what the kernel reports or what masked/readonly paths protect (the CVE-2019-19921 class).
+    PROC_MOUNTABLE = ("cpuinfo", "diskstats", "meminfo", "stat", "swaps", "uptime", "loadavg", "slabinfo",
+                      "net/dev", "sys/kernel/ns_last_pid")
+
+    def _check_proc_target(self, fd: int, dest: str, is_proc: bool) -> None:
+        """Refuses a mount that lands in the container's /proc (wherever the symlinks on the way led), or a
+        filesystem other than procfs on /proc itself."""
+        try:
+            where = os.readlink(f"/proc/self/fd/{fd}")
+            root = os.readlink(f"/proc/self/fd/{self.rootfd}")
+        except OSError:
+            return
+        rel = os.path.relpath(where, root)
+        if rel == "proc":
+            if not is_proc:
+                raise SetupError(f"{dest} resolves to /proc, where only a proc filesystem may be mounted")
+        elif rel.startswith("proc/") and rel[len("proc/"):] not in self.PROC_MOUNTABLE:
+            raise SetupError(f"{dest} resolves to /{rel}, inside /proc: only "
+                             f"{', '.join('/proc/' + p for p in self.PROC_MOUNTABLE)} may be mounted there")
 
     def _mount_fs(self, source: str, fd: int, dest: str, mtype: str, opts: MountOptions) -> None:
         data = ",".join(opts.data) or None
@@ -290,6 +312,7 @@ class RootFs:
             raise SetupError(f"bind mount source {src}: {e.strerror}") from None
         fd = self.ensure_target(dest, is_file=not stat.S_ISDIR(st.st_mode))
         try:
+            self._check_proc_target(fd, dest, _is_procfs(src))
             sc.mount(src, f"/proc/self/fd/{fd}", None, sc.MS_BIND | (opts.flags & sc.MS_REC))
         finally:
             os.close(fd)
@@ -535,6 +558,19 @@ def _create_file(dirfd: int, name: str) -> int:
                        dir_fd=dirfd)
     except FileExistsError:
         return os.open(name, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW, dir_fd=dirfd)
+
+
+def _is_procfs(path: str) -> bool:
+    """A bind of a procfs (the host's /proc or a pid's): what may be bound on /proc itself, as runc allows."""
+    real = os.path.realpath(path)
+    with open("/proc/self/mountinfo") as f:
+        best, fstype = "", ""
+        for line in f:
+            left, _, right = line.partition(" - ")
+            point = left.split()[4]
+            if (real == point or real.startswith(point.rstrip("/") + "/")) and len(point) >= len(best):
+                best, fstype = point, right.split()[0]
+    return fstype == "proc"
 
 
 def _why(err: int) -> str:
