@@ -22,12 +22,12 @@ pytestmark = pytest.mark.root
 HOST_DIRS = ("/", "/etc", "/sys/fs/cgroup", "/proc", "/run")
 
 
-def _leaky(husk, *args: str, fds: list[int]) -> subprocess.CompletedProcess:
+def _leaky(husk, *args: str, fds: list[int], argv: list[str] | None = None) -> subprocess.CompletedProcess:
     """Runs husk with `fds` inherited (not close-on-exec), like a caller that forgot O_CLOEXEC. Output goes to
     files: a created container keeps its stdio open, a pipe would never reach EOF."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        p = subprocess.run([*husk.argv, "--root", husk.root, *args], stdout=out, stderr=err, pass_fds=fds,
-                           stdin=subprocess.DEVNULL, timeout=60)
+        p = subprocess.run([*(argv or husk.argv), "--root", husk.root, *args], stdout=out, stderr=err,
+                           pass_fds=fds, stdin=subprocess.DEVNULL, timeout=60)
         out.seek(0)
         err.seek(0)
         return subprocess.CompletedProcess(p.args, p.returncode, out.read().decode(), err.read().decode())
@@ -86,19 +86,17 @@ def test_preserve_fds_keeps_exactly_those(husk, make_bundle, tmp_path: Path) -> 
     data.write_text("preserved\n")
     keep = os.open(data, os.O_RDONLY)
     other = os.open("/etc", os.O_RDONLY | os.O_DIRECTORY)
+
     try:
-        os.dup2(keep, 3)
-        os.dup2(other, 4)
         b = make_bundle(["sh", "-c", "cat <&3; ls /proc/self/fd"])
         cid = unique()
         husk.created.append(cid)
-        cp = _leaky(husk, "run", "--preserve-fds", "1", "--bundle", str(b), cid, fds=[3, 4])
+        # bash puts them at 3 and 4 in the child: fds 3 and 4 of this (pytest) process are not ours to replace
+        argv = ["bash", "-c", f'exec "$@" 3<&{keep} 4<&{other}', "bash", *husk.argv]
+        cp = _leaky(husk, "run", "--preserve-fds", "1", "--bundle", str(b), cid, fds=[keep, other], argv=argv)
     finally:
-        for fd in (keep, other, 3, 4):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        os.close(keep)
+        os.close(other)
     assert cp.returncode == 0, cp.stderr
     first, rest = cp.stdout.split("\n", 1)
     assert first == "preserved"
