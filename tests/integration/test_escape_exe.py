@@ -12,7 +12,6 @@ import hashlib
 import json
 import os
 import subprocess
-import sys
 import sysconfig
 from pathlib import Path
 

@@ -1,7 +1,6 @@
 """runtime.exeguard on its own: the detached read-only interpreter, the sealed memfd fallback, reexec_self."""
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path

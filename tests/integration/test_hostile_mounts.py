@@ -6,9 +6,7 @@ paths are masked, read-only paths read-only, and /proc and /sys are nosuid,nodev
 from __future__ import annotations
 
 import hashlib
-import json
 import os
-import subprocess
 import uuid
 from pathlib import Path
 

@@ -2,12 +2,16 @@
 pivot_root and loaded last; blocked syscalls fail with EPERM, allowed ones work, exec'd processes are filtered."""
 from __future__ import annotations
 
+import errno
+import json
+import os
 import subprocess
-import sys
+from pathlib import Path
 
 import pytest
 
 from runtime.seccomp import default_profile
+from tests.support import hostpython
 
 pytestmark = pytest.mark.root
 
@@ -62,13 +66,6 @@ def test_exec_is_filtered_too(husk, make_bundle) -> None:
 
 
 # --- the rest of linux.seccomp, through `husk run` ---------------------------------------------------------------
-import errno  # noqa: E402
-import json  # noqa: E402
-import os  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-from tests.support import hostpython  # noqa: E402
-
 # x86_64 numbers (the probe calls them raw, so a libc wrapper's choice of syscall cannot blur the result)
 SYSCALLS = {"keyctl": 250, "add_key": 248, "request_key": 249, "unshare": 272, "mount": 165, "umount2": 166,
             "kexec_load": 246, "init_module": 175, "open_by_handle_at": 304, "bpf": 321, "setns": 308,
