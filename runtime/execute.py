@@ -114,6 +114,13 @@ def _open_namespaces(rec: st.Record) -> dict[str, int]:
                 fds[kind] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             except FileNotFoundError:
                 raise InvalidState(f"container {rec.id!r} is not running") from None
+            except PermissionError:
+                if os.geteuid() == 0:
+                    raise
+                # an unprivileged runtime has no CAP_SYS_PTRACE: until it execs the container's program, the init
+                # is the runtime itself, kept non-dumpable (CVE-2019-5736 class), so its namespaces are closed to us
+                raise InvalidState(f"cannot exec in container {rec.id!r} before it is started: its init is not "
+                                   f"reachable by an unprivileged runtime until then (start it first)") from None
         if not st.init_alive(rec):
             raise InvalidState(f"container {rec.id!r} is not running")
     except BaseException:

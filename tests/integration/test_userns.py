@@ -230,3 +230,17 @@ def test_rootless_additional_gids_are_a_clear_error(make_bundle, rootless) -> No
     assert cp.returncode != 0
     assert "additionalGids" in cp.stderr and "setgroups is denied" in cp.stderr
     assert not (work / "state" / cid).exists()
+
+
+def test_rootless_exec_before_start_is_a_clear_error(make_bundle, rootless) -> None:
+    """Until it execs, the init is the runtime (non-dumpable): an unprivileged runtime cannot join it yet."""
+    argv, uid, work, made = rootless
+    b = _rootless_bundle(make_bundle, argv, uid, work, ["sleep", "1000"])
+    cid = unique()
+    made.append(cid)
+    assert _as_user(argv, "create", "--bundle", str(b), cid).returncode == 0
+    cp = _as_user(argv, "exec", cid, "true")
+    assert cp.returncode == 1 and "before it is started" in cp.stderr and "start it first" in cp.stderr
+    assert _as_user(argv, "start", cid).returncode == 0
+    cp = _as_user(argv, "exec", cid, "id", "-u")
+    assert cp.returncode == 0 and cp.stdout.strip() == "0", cp.stderr
