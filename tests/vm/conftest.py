@@ -99,3 +99,31 @@ def workload(make_manager: Callable[[str], Manager]) -> Iterator[Callable[..., W
     yield start
     for w in reversed(started):
         w.close()
+
+
+@pytest.fixture(scope="session")
+def bundle_template(tmp_path_factory: pytest.TempPathFactory):
+    """A busybox rootfs with the agent and `husk spec`'s config.json, shared by every container test."""
+    from tests.vm.container import build_template
+    return build_template(tmp_path_factory.mktemp("vmct-bundle"))
+
+
+@pytest.fixture
+def container(bundle_template, tmp_path) -> Iterator[Callable[..., Any]]:
+    """start(resources, cgroupns=True, edit=None, name="c") -> a running ContainerWorkload whose cgroup is
+    /husk-vmct-<id>/<name>; every container is force-deleted and every cgroup removed afterwards."""
+    from runtime.cgroups import manager_for
+    from tests.vm.container import PREFIX, ContainerWorkload
+    base = f"/{PREFIX}-{uuid.uuid4().hex[:8]}"
+    started: list[ContainerWorkload] = []
+
+    def start(resources: dict[str, Any] | None, *, cgroupns: bool = True, edit: Any = None,
+              name: str = "c") -> ContainerWorkload:
+        c = ContainerWorkload(bundle_template, tmp_path, resources, f"{base}/{name}", cgroupns=cgroupns, edit=edit)
+        started.append(c)
+        return c.start()
+
+    yield start
+    for c in reversed(started):
+        c.close()
+    manager_for(base).destroy()
