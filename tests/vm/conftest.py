@@ -4,8 +4,11 @@ v1/hybrid host too, through the project's manager factory, when the host has the
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, Callable
 
 import pytest
@@ -102,10 +105,16 @@ def workload(make_manager: Callable[[str], Manager]) -> Iterator[Callable[..., W
 
 
 @pytest.fixture(scope="session")
-def bundle_template(tmp_path_factory: pytest.TempPathFactory):
-    """A busybox rootfs with the agent and `husk spec`'s config.json, shared by every container test."""
-    from tests.vm.container import build_template
-    return build_template(tmp_path_factory.mktemp("vmct-bundle"))
+def bundle_template() -> Iterator[Any]:
+    """A busybox rootfs with the agent and `husk spec`'s config.json, shared by every container test. Not under
+    pytest's tmp dirs (mode 0700): a user namespace's root, an unprivileged host uid, must reach the rootfs."""
+    from tests.vm.container import PREFIX, build_template
+    d = tempfile.mkdtemp(prefix=f"{PREFIX}-bundle-")
+    try:
+        os.chmod(d, 0o755)
+        yield build_template(Path(d))
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture

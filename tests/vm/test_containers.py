@@ -99,6 +99,8 @@ def test_resources_inside_and_on_the_host(container, cgroup_version, cgroupns) -
     assert status != 0 and errno_of(out) == errno.EROFS, out
     assert m.pids() == [c.pid]
     assert json.loads(c.husk("ps", "--format", "json", c.id).stdout) == [c.pid]
+    # husk exec joins the same cgroup (and cgroup namespace)
+    assert c.husk("exec", c.id, "cat", "/proc/self/cgroup").stdout.splitlines() == cg_lines
 
     # husk update: what it names changes, the rest stays; pids.limit 0 leaves pids.max alone (runc 1.1.5)
     c.husk("update", "--resources", "-", c.id, input=json.dumps(UPDATE))
@@ -210,3 +212,24 @@ def test_update_with_runc_flags(container) -> None:
     assert c.call("cat", f"/sys/fs/cgroup/{pids_file}") == "20"
     c.husk("update", "--pids-limit", "-1", c.id)
     assert host_read(m, pids_file) == "max"
+
+
+def _with_userns(cfg) -> None:
+    linux = cfg["linux"]
+    linux["namespaces"].append({"type": "user"})
+    linux["uidMappings"] = [{"containerID": 0, "hostID": 100000, "size": 65536}]
+    linux["gidMappings"] = [{"containerID": 0, "hostID": 100000, "size": 65536}]
+
+
+@pytest.mark.parametrize("cgroupns", [True, False], ids=["cgroupns", "host-cgroupns"])
+def test_user_namespace_sees_its_own_cgroup(container, cgroup_version, cgroupns) -> None:
+    """In a user namespace the kernel mounts cgroup2 only for a cgroup namespace the user namespace owns; without
+    one the runtime binds the container's cgroup. Either way the container sees its own limits, read-only."""
+    if cgroup_version == 1:
+        pytest.skip("cgroup v2 only: the cgroup2 mount in a user namespace")
+    c = container({"pids": {"limit": 42}, "memory": {"limit": 96 * MiB}}, cgroupns=cgroupns, edit=_with_userns)
+    assert read_inside(c, ["pids.max", "memory.max"]) == {"pids.max": "42", "memory.max": str(96 * MiB)}
+    assert c.call("cat", "/proc/self/cgroup") == f"0::{'/' if cgroupns else c.manager.path}"
+    out, status = c.sh("echo 7 > /sys/fs/cgroup/pids.max")
+    assert status != 0 and errno_of(out) == errno.EROFS, out
+    assert c.finish() == 0
