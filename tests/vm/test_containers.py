@@ -9,6 +9,7 @@ import errno
 import json
 import os
 import subprocess
+import time
 
 import pytest
 
@@ -54,6 +55,16 @@ UPDATED_V2 = {"memory.max": str(64 * MiB), "pids.max": "42", "cpu.max": "20000 1
               "memory.high": str(80 * MiB), "memory.swap.max": str(32 * MiB)}
 UPDATED_V1 = {"memory/memory.limit_in_bytes": str(64 * MiB), "pids/pids.max": "42",
               "cpu/cpu.cfs_quota_us": "20000", "memory/memory.memsw.limit_in_bytes": str(128 * MiB)}
+
+
+def wait_until(cond, timeout: float = 30.0) -> bool:
+    """Polls `cond` until it holds or `timeout` passes (a bound for slow emulation, not a measurement)."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
 
 
 def v2_or_v1(c, v2, v1):
@@ -171,6 +182,13 @@ def test_device_rules_defaults_and_fork_bomb(container) -> None:
     events = host_read(m, v2_or_v1(c, "pids.events", "pids/pids.events"))
     assert int(dict(ln.split() for ln in events.splitlines())["max"]) >= 1
     assert c.call("fork", 3) == [3, 0]                     # the ended sleepers gave their slots back
+
+    # kill --all reaches every process in the cgroup (v2: cgroup.kill), the init included
+    c.call("spawn", "sleep")
+    assert len(m.pids()) == 2
+    c.husk("kill", "--all", c.id, "KILL")
+    assert c.exit_code() == 137
+    assert wait_until(lambda: m.pids() == []), m.pids()    # the helper may be reaped a moment after the init
 
 
 def test_memory_oom_kill_counted_exit_137_and_delete(container) -> None:
