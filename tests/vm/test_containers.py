@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import select
 import subprocess
 import time
 
@@ -251,3 +252,54 @@ def test_user_namespace_sees_its_own_cgroup(container, cgroup_version, cgroupns)
     out, status = c.sh("echo 7 > /sys/fs/cgroup/pids.max")
     assert status != 0 and errno_of(out) == errno.EROFS, out
     assert c.finish() == 0
+
+
+def _events_has_stats() -> bool:
+    cp = subprocess.run([*HUSK, "events", "--help"], capture_output=True, text=True, timeout=120)
+    return cp.returncode == 0 and "--stats" in cp.stdout
+
+
+def test_events_stats_and_oom(container) -> None:
+    if not _events_has_stats():
+        pytest.skip("husk has no `events` command yet")
+    c = container({"memory": {"limit": 48 * MiB, "swap": 48 * MiB}, "pids": {"limit": 42}})
+    ev = json.loads(c.husk("events", "--stats", c.id).stdout)
+    assert (ev["type"], ev["id"]) == ("stats", c.id)
+    data = ev["data"]
+    assert data["pids"] == {"current": 1, "limit": 42}
+    assert data["memory"]["usage"]["limit"] == 48 * MiB and data["memory"]["usage"]["usage"] > 0
+    assert data["cpu"]["usage"]["total"] > 0
+
+    # a running `husk events` reports the OOM kill of a process in the container. Its first stats line says it
+    # is watching (the OOM watch is set up before the first interval).
+    with open(os.devnull, "rb") as devnull:
+        watcher = subprocess.Popen([*HUSK, "--root", c.root, "events", "--interval", "1s", c.id],
+                                   stdin=devnull, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert watcher.stdout is not None
+    seen: list[str] = []
+    try:
+        lines = _lines(watcher.stdout.fileno())
+        seen.append(json.loads(next(lines))["type"])
+        assert c.call("alloc", 128 * MiB) == 137
+        for line in lines:
+            seen.append(json.loads(line)["type"])
+            if seen[-1] == "oom":
+                break
+    finally:
+        watcher.kill()            # our own `husk events`, by its pid
+        watcher.wait()
+    assert seen[0] == "stats" and seen[-1] == "oom", seen
+
+
+def _lines(fd: int, timeout: float = 120.0):
+    """The lines written to `fd`, each waited for at most `timeout` seconds (a bound, not a measurement)."""
+    buf = b""
+    while True:
+        while b"\n" not in buf:
+            ready, _, _ = select.select([fd], [], [], timeout)
+            assert ready, f"no line within {timeout:.0f} s"
+            chunk = os.read(fd, 65536)
+            assert chunk, "the stream ended"
+            buf += chunk
+        line, _, buf = buf.partition(b"\n")
+        yield line.decode()
