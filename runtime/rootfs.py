@@ -246,7 +246,7 @@ class RootFs:
         if is_bind:
             self._bind(m, dest, opts)
         elif mtype == "cgroup":
-            self._cgroup_v1(dest, opts)
+            self._cgroup(dest, opts)
         else:
             if mtype == "proc" and os.path.islink(self.host_path(dest)):
                 raise SetupError(f"proc destination {dest} is a symlink")
@@ -343,16 +343,42 @@ class RootFs:
         finally:
             os.close(fd)
 
-    def _cgroup_v1(self, dest: str, opts: MountOptions) -> None:
-        """A `cgroup` mount on a v1/hybrid host: a tmpfs with one directory per hierarchy (cgroupns aware)."""
+    def _cgroup(self, dest: str, opts: MountOptions) -> None:
         from runtime.cgroups import is_unified
         if is_unified():
-            fd = self.ensure_target(dest, is_file=False)
+            self._cgroup2(dest, opts)
+        else:
+            self._cgroup_v1(dest, opts)
+
+    def _cgroup2(self, dest: str, opts: MountOptions) -> None:
+        """A `cgroup` mount on a cgroup2 host. In a new cgroup namespace a fresh cgroup2 mount has the container's
+        cgroup as its root. Without one a fresh mount would show the host's whole tree, so the container's own
+        cgroup directory is bound instead; that is also the fallback where the kernel refuses the mount (a user
+        namespace that does not own the cgroup namespace), as in runc."""
+        from runtime.cgroups import CGROUP_ROOT
+        fd = self.ensure_target(dest, is_file=False)
+        try:
+            if self.cgroupns:
+                try:
+                    self._mount_fs("cgroup", fd, dest, "cgroup2", opts)
+                    return
+                except OSError as e:
+                    if e.errno not in (errno.EPERM, errno.EBUSY):
+                        raise
+            src = CGROUP_ROOT + (self.cgroup_path if self.cgroup_path != "/" else "")
             try:
-                self._mount_fs("cgroup", fd, dest, "cgroup2", opts)
-            finally:
-                os.close(fd)
-            return
+                sc.mount(src, f"/proc/self/fd/{fd}", None, sc.MS_BIND | sc.MS_REC)
+            except OSError as e:
+                raise OSError(e.errno, f"bind the container's cgroup {src} on {dest}: {os.strerror(e.errno)}") \
+                    from None
+        finally:
+            os.close(fd)
+        flags = opts.flags & (sc.MS_RDONLY | sc.MS_NOSUID | sc.MS_NODEV | sc.MS_NOEXEC)
+        if flags:
+            self._remount(dest, flags | sc.MS_BIND)
+
+    def _cgroup_v1(self, dest: str, opts: MountOptions) -> None:
+        """A `cgroup` mount on a v1/hybrid host: a tmpfs with one directory per hierarchy (cgroupns aware)."""
         base = opts.flags & (sc.MS_NOSUID | sc.MS_NODEV | sc.MS_NOEXEC)
         fd = self.ensure_target(dest, is_file=False)
         try:

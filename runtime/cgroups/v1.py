@@ -204,8 +204,8 @@ class V1Manager:
             self._set_cpu(resources["cpu"] or {})
         if "pids" in resources:
             limit = (resources["pids"] or {}).get("limit")
-            if limit is not None:
-                self._write("pids", "pids.max", "max" if limit <= 0 else limit)
+            if limit:  # as runc 1.1.5's fs driver: 0 leaves pids.max alone, any negative value means "max"
+                self._write("pids", "pids.max", "max" if limit < 0 else limit)
         if "blockIO" in resources:
             self._set_blkio(resources["blockIO"] or {})
         for i, h in enumerate(resources.get("hugepageLimits") or []):

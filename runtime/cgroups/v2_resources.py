@@ -149,9 +149,15 @@ def _cpu(cpu: dict[str, Any], out: list[Write]) -> None:
 
 
 def _pids(pids: dict[str, Any], out: list[Write]) -> None:
+    """runc 1.1.5 (fs2): 0 leaves pids.max alone, -1 writes "max"; any other negative value it writes as given and
+    the kernel refuses it, so husk refuses it here, before anything is written. (The v1 manager writes "max" for
+    every negative value, as runc's fs driver does.)"""
     limit = _int(pids, "limit", f"{ROOT}.pids")
-    if limit:
-        out.append(Write("pids.max", "max" if limit < 0 else str(limit), f"{ROOT}.pids.limit"))
+    if not limit:
+        return
+    if limit < -1:
+        raise ConfigError(f"{ROOT}.pids.limit", f"must be -1 (no limit), 0 (leave alone) or positive, got {limit}")
+    out.append(Write("pids.max", _max_or(limit), f"{ROOT}.pids.limit"))
 
 
 def _device(entry: Any, path: str) -> tuple[int, int]:

@@ -83,7 +83,14 @@ def test_cpuset_syntax_is_checked() -> None:
 def test_pids() -> None:
     assert writes({"pids": {"limit": 32}}) == [("pids.max", "32")]
     assert writes({"pids": {"limit": -1}}) == [("pids.max", "max")]
-    assert writes({"pids": {"limit": 0}}) == []
+    assert writes({"pids": {"limit": 0}}) == []      # runc 1.1.5: 0 leaves pids.max alone
+
+
+def test_pids_below_minus_one_is_refused_before_any_write() -> None:
+    # runc 1.1.5 writes "-2" and the kernel refuses it; husk names the field instead
+    with pytest.raises(ConfigError) as info:
+        v2r.plan({"memory": {"limit": 1 << 20}, "pids": {"limit": -2}}, lambda n: True)
+    assert info.value.path == "linux.resources.pids.limit"
 
 
 def test_block_io_without_and_with_bfq() -> None:

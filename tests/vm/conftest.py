@@ -4,8 +4,11 @@ v1/hybrid host too, through the project's manager factory, when the host has the
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, Callable
 
 import pytest
@@ -99,3 +102,37 @@ def workload(make_manager: Callable[[str], Manager]) -> Iterator[Callable[..., W
     yield start
     for w in reversed(started):
         w.close()
+
+
+@pytest.fixture(scope="session")
+def bundle_template() -> Iterator[Any]:
+    """A busybox rootfs with the agent and `husk spec`'s config.json, shared by every container test. Not under
+    pytest's tmp dirs (mode 0700): a user namespace's root, an unprivileged host uid, must reach the rootfs."""
+    from tests.vm.container import PREFIX, build_template
+    d = tempfile.mkdtemp(prefix=f"{PREFIX}-bundle-")
+    try:
+        os.chmod(d, 0o755)
+        yield build_template(Path(d))
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def container(bundle_template, tmp_path) -> Iterator[Callable[..., Any]]:
+    """start(resources, cgroupns=True, edit=None, name="c") -> a running ContainerWorkload whose cgroup is
+    /husk-vmct-<id>/<name>; every container is force-deleted and every cgroup removed afterwards."""
+    from runtime.cgroups import manager_for
+    from tests.vm.container import PREFIX, ContainerWorkload
+    base = f"/{PREFIX}-{uuid.uuid4().hex[:8]}"
+    started: list[ContainerWorkload] = []
+
+    def start(resources: dict[str, Any] | None, *, cgroupns: bool = True, edit: Any = None,
+              name: str = "c") -> ContainerWorkload:
+        c = ContainerWorkload(bundle_template, tmp_path, resources, f"{base}/{name}", cgroupns=cgroupns, edit=edit)
+        started.append(c)
+        return c.start()
+
+    yield start
+    for c in reversed(started):
+        c.close()
+    manager_for(base).destroy()

@@ -1,9 +1,9 @@
 """A process in a cgroup with resources from a config.json `linux.resources` dict, driven by commands.
 
 `ForkedWorkload` forks this test process, moves the child into a cgroup the manager created and configured, and
-asks it (JSON lines over pipes) to open devices, allocate memory, fork. A later `ContainerWorkload` can run the
-same commands in a husk container built from the same resources dict (an agent in the container's rootfs);
-the tests only use the `Workload` protocol, so they will not change.
+asks it (JSON lines over pipes) to open devices, allocate memory, fork. `tests/vm/container.py`'s
+`ContainerWorkload` runs the same kinds of commands in a husk container built from a resources dict (a busybox
+sh agent as its init).
 """
 from __future__ import annotations
 
