@@ -39,6 +39,11 @@ def _effective(ctx: click.Context) -> cfg.Config:
 def main(ctx: click.Context, config_path: str | None, **overrides: Any) -> None:
     """husk-cri: the CRI v1 server kubelet and crictl talk to."""
     ctx.ensure_object(dict).update(config=config_path, overrides=overrides)
+    if ctx.invoked_subcommand == "images":
+        # The image commands read --root/--registry-config-dir of this group; a config file names them too.
+        config = _effective(ctx)
+        ctx.params["root"] = ctx.params.get("root") or config.paths.root
+        ctx.params["registry_config_dir"] = ctx.params.get("registry_config_dir") or config.registry.config_dir
     if ctx.invoked_subcommand is not None:
         return
     from cri_server import daemon
