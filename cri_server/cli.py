@@ -73,6 +73,17 @@ def config_show(ctx: click.Context) -> None:
     click.echo(cfg.to_toml(_effective(ctx)), nl=False)
 
 
+@main.command("setup")
+@click.option("--catatonit", default="/usr/bin/catatonit", show_default=True, metavar="PATH",
+              help="Static init binary the sandbox image is built from when it is missing.")
+@click.pass_context
+def setup(ctx: click.Context, catatonit: str) -> None:
+    """Prepare the node: the sandbox image (built locally when absent) and a default CNI config (when none)."""
+    from cri_server.nodesetup import setup_node
+    for line in setup_node(_effective(ctx), catatonit):
+        click.echo(f"husk-cri setup: {line}")
+
+
 def _mount_subcommands() -> None:
     # `husk-cri images ...`: the image operator commands (cri_server/images/cli.py); importing them costs
     # only click, so it is done here rather than on demand.

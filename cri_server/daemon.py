@@ -146,6 +146,9 @@ async def serve(config: Config, policy: oom.OomScorePolicy, spawner: Any = None,
                                         "runtime": services.default_runtime,
                                         "streaming": services.streaming.base_url if services.streaming else "",
                                         "network_ready": net.ready, "network": net.message or net.config_file})
+    # The one line on stdout: where kubelet and crictl connect (the logs go to stderr).
+    print(f"husk-cri: serving CRI v1 on unix://{path}"
+          + (f", streaming on {services.streaming.base_url}" if services.streaming else ""), flush=True)
     if ready is not None:
         ready.set()
     try:
