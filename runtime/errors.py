@@ -42,3 +42,13 @@ class InvalidState(HuskError):
 
 class SetupError(HuskError):
     """A step of container setup failed (mount, cgroup, namespace, hook); the message names the object."""
+
+
+def describe(e: BaseException) -> str:
+    """A one-line message for any exception: OSError without the "[Errno N]" prefix, keeping the path."""
+    if isinstance(e, OSError) and e.strerror:
+        msg = e.strerror
+        if e.filename and str(e.filename) not in msg:
+            msg = f"{msg}: {e.filename}"
+        return msg
+    return str(e) or type(e).__name__

@@ -354,3 +354,57 @@ def inotify_init1(flags: int = IN_CLOEXEC) -> int:
 
 def inotify_add_watch(fd: int, path: str | bytes, mask: int) -> int:
     return _check(_libc.inotify_add_watch(fd, _fs(path), mask), "inotify_add_watch", path)
+
+
+# --- openat2 (linux/openat2.h): path resolution confined to a directory ------------------
+RESOLVE_NO_XDEV = 0x01
+RESOLVE_NO_MAGICLINKS = 0x02
+RESOLVE_NO_SYMLINKS = 0x04
+RESOLVE_BENEATH = 0x08
+RESOLVE_IN_ROOT = 0x10
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+def openat2(dirfd: int, path: str | bytes, flags: int, mode: int = 0, resolve: int = 0) -> int:
+    """openat2(2): opens `path` relative to `dirfd` with the RESOLVE_* restrictions; returns the fd."""
+    how = _OpenHow(flags | os.O_CLOEXEC, mode, resolve)
+    return _check(_libc.syscall(SYS_openat2, ctypes.c_int(dirfd), _fs(path), ctypes.byref(how),
+                                ctypes.c_size_t(ctypes.sizeof(how))), "openat2", path)
+
+
+# --- mount_setattr (linux/mount.h): recursive mount attributes -----------------------------
+MOUNT_ATTR_RDONLY = 0x1
+MOUNT_ATTR_NOSUID = 0x2
+MOUNT_ATTR_NODEV = 0x4
+MOUNT_ATTR_NOEXEC = 0x8
+MOUNT_ATTR_NOATIME = 0x10
+MOUNT_ATTR_STRICTATIME = 0x20
+MOUNT_ATTR_NODIRATIME = 0x80
+MOUNT_ATTR_NOSYMFOLLOW = 0x200000
+AT_EMPTY_PATH = 0x1000
+AT_RECURSIVE = 0x8000
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64),
+                ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
+
+
+def mount_setattr(path: str | bytes, attr_set: int, attr_clr: int = 0, recursive: bool = True) -> None:
+    attr = _MountAttr(attr_set, attr_clr, 0, 0)
+    flags = AT_RECURSIVE if recursive else 0
+    _check(_libc.syscall(SYS_mount_setattr, ctypes.c_int(-100), _fs(path), ctypes.c_uint(flags),
+                         ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr))), "mount_setattr", path)
+
+
+# --- keyctl: a fresh session keyring per container (runc's behaviour without --no-new-keyring)
+SYS_keyctl = 250
+KEYCTL_JOIN_SESSION_KEYRING = 1
+
+
+def join_session_keyring(name: str) -> None:
+    _check(_libc.syscall(SYS_keyctl, ctypes.c_int(KEYCTL_JOIN_SESSION_KEYRING), _fs(name)),
+           "keyctl(JOIN_SESSION_KEYRING)")

@@ -1,0 +1,96 @@
+"""Stage 2 of create: the intermediate child. Joins (setns) and creates (unshare) the container's namespaces.
+
+May: setns/unshare, ask the parent to write uid/gid maps, write time namespace offsets, fork the init.
+Must not: touch the rootfs or cgroups, or outlive the fork of the init (it exits right after reporting its pid).
+"""
+from __future__ import annotations
+
+import os
+TYPE_CHECKING = False  # `typing` costs ~4 ms (it imports re): annotations only
+
+from runtime.errors import SetupError, describe
+from runtime.linux import syscalls as sc
+
+if TYPE_CHECKING:
+    from runtime.parent import CreateContext
+    from runtime.sync import Channel
+
+# setns order: user first (it grants the rights for the rest), mount last (it changes what paths mean)
+JOIN_ORDER = ("user", "ipc", "uts", "network", "pid", "cgroup", "time", "mount")
+
+
+def run(ctx: "CreateContext", chan: "Channel") -> None:
+    """Never returns: exits 0 after forking the init, 1 after reporting an error to the parent."""
+    try:
+        cfg = ctx.cfg
+        seen: set[str] = set()
+
+        def wait_for(verb: str) -> None:
+            # "go" (cgroup placed) and "mapped" may arrive in either order: the parent places us in the cgroup
+            # while we import and join namespaces, so both run at once
+            while verb not in seen:
+                got, text = chan.recv()
+                if got == "error":
+                    raise SetupError(text)
+                if got == "eof":
+                    raise SetupError(f"the runtime exited before sending {verb!r}")
+                seen.add(got)
+
+        from runtime import init
+        init.preload(cfg.raw)
+        userns_new = cfg.new_ns("user")
+        if not userns_new:
+            # CVE-2019-5736 class: nothing in the container may open /proc/<us>/exe (the host interpreter)
+            sc.set_dumpable(False)
+        fds = []
+        for kind in JOIN_ORDER:
+            ns = cfg.ns(kind)
+            if ns is not None and ns.path:
+                try:
+                    fds.append((kind, os.open(ns.path, os.O_RDONLY | os.O_CLOEXEC)))
+                except OSError as e:
+                    raise OSError(e.errno, f"open namespace {kind} at {ns.path}: {e.strerror}") from None
+        for kind, fd in fds:
+            if kind == "cgroup":
+                wait_for("go")  # a cgroup namespace's root is the cgroup we are in when we join or create it
+            try:
+                sc.setns(fd, sc.NAMESPACES[kind][0])
+            except OSError as e:
+                ns = cfg.ns(kind)
+                raise OSError(e.errno, f"join {kind} namespace {ns.path if ns else ''}: {e.strerror}") from None
+            finally:
+                os.close(fd)
+        if userns_new:
+            sc.unshare(sc.CLONE_NEWUSER)
+            chan.send("maps")
+            wait_for("mapped")
+            os.setresgid(0, 0, 0)
+            os.setresuid(0, 0, 0)
+        flags = 0
+        for kind in ("mount", "uts", "ipc", "network", "pid", "time"):
+            if cfg.new_ns(kind):
+                flags |= sc.NAMESPACES[kind][0]
+        if flags:
+            try:
+                sc.unshare(flags)
+            except OSError as e:
+                raise OSError(e.errno, f"unshare namespaces {flags:#x}: {e.strerror}") from None
+        wait_for("go")  # the init must be forked inside the container's cgroup
+        if cfg.new_ns("cgroup"):
+            sc.unshare(sc.CLONE_NEWCGROUP)
+        offsets = cfg.linux.get("timeOffsets")
+        if offsets and cfg.new_ns("time"):
+            lines = "".join(f"{clock} {o.get('secs', 0)} {o.get('nanosecs', 0)}\n" for clock, o in offsets.items())
+            with open("/proc/self/timens_offsets", "w") as f:
+                f.write(lines)
+        pid = os.fork()
+        if pid == 0:
+            init.run(ctx, chan)  # never returns  # never returns
+        chan.send("pid", str(pid))
+        os._exit(0)
+    except BaseException as e:  # report anything, then exit: this process must never return to the caller
+        try:
+            chan.send("error", describe(e))
+        finally:
+            os._exit(1)
+

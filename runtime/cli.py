@@ -1,0 +1,164 @@
+"""The `husk` entry point: the stdlib fast path for runc's lifecycle verbs, else the click CLI (commands.py).
+
+Owns error reporting (stderr, and --log as text or JSON records the way runc writes them) and exit codes.
+Must not import click (or json) unless the fast path declines the command line.
+"""
+from __future__ import annotations
+
+import os
+import sys
+TYPE_CHECKING = False  # typing costs ~2 ms to import; mypy treats this name as typing's
+
+from runtime.errors import HuskError, describe
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+DEFAULT_ROOT = "/run/husk"
+
+
+class Globals:
+    """The global flags. A plain class, not a dataclass: `dataclasses` imports inspect (tens of ms)."""
+    __slots__ = ("root", "log", "log_format", "debug", "systemd_cgroup")
+
+    def __init__(self, root: str = DEFAULT_ROOT, log: str | None = None, log_format: str = "text",
+                 debug: bool = False, systemd_cgroup: bool = False) -> None:
+        self.root = root
+        self.log = log
+        self.log_format = log_format
+        self.debug = debug
+        self.systemd_cgroup = systemd_cgroup
+
+
+def report(g: Globals, msg: str, level: str = "error") -> None:
+    """Writes `msg` to stderr and, with --log, appends a record in runc's text or JSON format."""
+    try:
+        sys.stderr.write(f"husk: {msg}\n")
+        sys.stderr.flush()
+    except OSError:
+        pass
+    if g.log:
+        from runtime.state import dumps_json, now_rfc3339
+        t = now_rfc3339()
+        if g.log_format == "json":
+            line = dumps_json({"level": level, "msg": msg, "time": t})
+        else:
+            line = f"time={dumps_json(t)} level={level} msg={dumps_json(msg)}"
+        try:
+            fd = os.open(g.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                os.write(fd, (line + "\n").encode())
+            finally:
+                os.close(fd)
+        except OSError:
+            pass
+
+
+def setup_logging(g: Globals) -> None:
+    if not g.debug:
+        return
+    import logging
+    logging.basicConfig(level=logging.DEBUG, format="%(levelname)s %(name)s: %(message)s")
+
+
+def guard(g: Globals, fn: Callable[[], int | None]) -> int:
+    """Runs a verb; HuskError and OSError become a one-line message and exit status 1."""
+    try:
+        if g.systemd_cgroup:
+            raise HuskError("--systemd-cgroup: the systemd cgroup driver is not implemented in husk yet; "
+                            "use the cgroupfs driver (drop --systemd-cgroup)")
+        setup_logging(g)
+        rc = fn()
+        return rc or 0
+    except HuskError as e:
+        report(g, str(e))
+    except OSError as e:
+        report(g, describe(e))
+    return 1
+
+
+# --- the verbs (shared by the fast path and click) ---------------------------------------------------
+def cmd_create(g: Globals, container_id: str, bundle: str, console_socket: str | None, pid_file: str | None,
+               no_pivot: bool, no_new_keyring: bool, preserve_fds: int) -> int:
+    from runtime import lifecycle
+    lifecycle.create(g.root, container_id, bundle, console_socket=console_socket, pid_file=pid_file,
+                     no_pivot=no_pivot, no_new_keyring=no_new_keyring, preserve_fds=preserve_fds)
+    return 0
+
+
+def cmd_start(g: Globals, container_id: str) -> int:
+    from runtime import lifecycle
+    lifecycle.start(g.root, container_id)
+    return 0
+
+
+def cmd_state(g: Globals, container_id: str) -> int:
+    from runtime import lifecycle
+    from runtime.state import dumps_json
+    sys.stdout.write(dumps_json(lifecycle.state(g.root, container_id), indent=2) + "\n")
+    return 0
+
+
+def cmd_kill(g: Globals, container_id: str, sig: str, all: bool) -> int:
+    from runtime import lifecycle
+    lifecycle.kill(g.root, container_id, parse_signal(sig), all=all)
+    return 0
+
+
+def cmd_delete(g: Globals, container_id: str, force: bool) -> int:
+    from runtime import lifecycle
+    from runtime.errors import ContainerNotFound
+    try:
+        lifecycle.delete(g.root, container_id, force=force)
+    except ContainerNotFound:
+        if force:
+            return 0  # runc: delete --force of a missing container is not an error
+        raise
+    return 0
+
+
+def parse_signal(s: str) -> int:
+    from runtime.errors import HuskError as _E
+    if s.isdigit():
+        n = int(s)
+        if not 0 < n < 65:
+            raise _E(f"invalid signal {s!r}")
+        return n
+    import signal  # only for names: the module builds enums on import
+    name = s.upper()
+    if not name.startswith("SIG"):
+        name = "SIG" + name
+    try:
+        return int(getattr(signal.Signals, name))
+    except AttributeError:
+        raise _E(f"unknown signal {s!r}") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    from runtime import fastcli
+    parsed = fastcli.parse(args)
+    if parsed is not None:
+        g, verb, kw = parsed
+        return guard(g, lambda: VERBS[verb](g, **kw))
+    from runtime import commands
+    return commands.run_click(args)
+
+
+def cmd_run(g: Globals, container_id: str, bundle: str, console_socket: str | None, pid_file: str | None,
+            detach: bool, keep: bool, no_pivot: bool, no_new_keyring: bool, preserve_fds: int) -> int:
+    from runtime import lifecycle
+    return lifecycle.run(g.root, container_id, bundle, detach=detach, console_socket=console_socket,
+                         pid_file=pid_file, no_pivot=no_pivot, no_new_keyring=no_new_keyring,
+                         preserve_fds=preserve_fds, keep=keep)
+
+
+VERBS: "dict[str, Callable[..., int]]" = {
+    "create": cmd_create, "start": cmd_start, "state": cmd_state, "kill": cmd_kill, "delete": cmd_delete,
+    "run": cmd_run,
+}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+

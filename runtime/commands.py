@@ -1,0 +1,341 @@
+"""The click CLI: every command with runc's flags, help text and errors. The lifecycle verbs usually take the
+fast path in fastcli.py; this module is imported only when that parser declines the command line.
+
+Commands only parse flags and call runtime.lifecycle (through the cmd_* helpers in cli.py).
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import click
+
+from runtime import cli as c
+from runtime.errors import HuskError
+
+VERSION = "0.1.0"
+
+
+def _g(ctx: click.Context) -> c.Globals:
+    return ctx.find_root().obj
+
+
+def _finish(ctx: click.Context, rc: int) -> None:
+    ctx.exit(rc)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--root", default=c.DEFAULT_ROOT, show_default=True, help="root directory for container state (tmpfs)")
+@click.option("--log", default=None, help="append error records to this file (default: stderr only)")
+@click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              help="format of the --log records")
+@click.option("--debug", is_flag=True, help="debug logging")
+@click.option("--systemd-cgroup", is_flag=True, help="use the systemd cgroup driver (not implemented: an error)")
+@click.option("--rootless", default=None, help="accepted for runc compatibility (true|false|auto)")
+@click.version_option(VERSION, message="husk version %(version)s\nspec: 1.2.0")
+@click.pass_context
+def cli(ctx: click.Context, root: str, log: str | None, log_format: str, debug: bool, systemd_cgroup: bool,
+        rootless: str | None) -> None:
+    """husk: an OCI runtime with runc's command line."""
+    ctx.obj = c.Globals(root=root, log=log, log_format=log_format, debug=debug, systemd_cgroup=systemd_cgroup)
+
+
+@cli.command()
+@click.option("--bundle", "-b", default=".", show_default=True, help="path to the bundle directory")
+@click.option("--console-socket", default=None, help="unix socket that receives the pty master (terminal)")
+@click.option("--pid-file", default=None, help="write the init's pid to this file")
+@click.option("--no-pivot", is_flag=True, help="use MS_MOVE + chroot instead of pivot_root")
+@click.option("--no-new-keyring", is_flag=True, help="keep the caller's session keyring")
+@click.option("--preserve-fds", default=0, type=int, help="pass this many fds after stdio to the container")
+@click.argument("container_id")
+@click.pass_context
+def create(ctx: click.Context, bundle: str, console_socket: str | None, pid_file: str | None, no_pivot: bool,
+           no_new_keyring: bool, preserve_fds: int, container_id: str) -> None:
+    """Create a container; its process waits until `start`."""
+    g = _g(ctx)
+    _finish(ctx, c.guard(g, lambda: c.cmd_create(g, container_id, bundle, console_socket, pid_file, no_pivot,
+                                                   no_new_keyring, preserve_fds)))
+
+
+@cli.command()
+@click.argument("container_id")
+@click.pass_context
+def start(ctx: click.Context, container_id: str) -> None:
+    """Start the process of a created container."""
+    g = _g(ctx)
+    _finish(ctx, c.guard(g, lambda: c.cmd_start(g, container_id)))
+
+
+@cli.command()
+@click.argument("container_id")
+@click.pass_context
+def state(ctx: click.Context, container_id: str) -> None:
+    """Print the OCI state of a container as JSON."""
+    g = _g(ctx)
+    _finish(ctx, c.guard(g, lambda: c.cmd_state(g, container_id)))
+
+
+@cli.command()
+@click.option("--all", "-a", "all_", is_flag=True, help="signal every process in the container's cgroup")
+@click.argument("container_id")
+@click.argument("signal", default="SIGTERM")
+@click.pass_context
+def kill(ctx: click.Context, all_: bool, container_id: str, signal: str) -> None:
+    """Send a signal (name or number, default SIGTERM) to the container's init."""
+    g = _g(ctx)
+    _finish(ctx, c.guard(g, lambda: c.cmd_kill(g, container_id, signal, all_)))
+
+
+@cli.command()
+@click.option("--force", "-f", is_flag=True, help="kill the container first if it is not stopped")
+@click.argument("container_id")
+@click.pass_context
+def delete(ctx: click.Context, force: bool, container_id: str) -> None:
+    """Delete a stopped container (and its cgroup and state)."""
+    g = _g(ctx)
+    _finish(ctx, c.guard(g, lambda: c.cmd_delete(g, container_id, force)))
+
+
+@cli.command()
+@click.option("--bundle", "-b", default=".", show_default=True, help="path to the bundle directory")
+@click.option("--console-socket", default=None, help="unix socket that receives the pty master (terminal)")
+@click.option("--pid-file", default=None, help="write the init's pid to this file")
+@click.option("--detach", "-d", is_flag=True, help="do not wait for the container")
+@click.option("--keep", is_flag=True, help="do not delete the container after it exits")
+@click.option("--no-pivot", is_flag=True, help="use MS_MOVE + chroot instead of pivot_root")
+@click.option("--no-new-keyring", is_flag=True, help="keep the caller's session keyring")
+@click.option("--preserve-fds", default=0, type=int, help="pass this many fds after stdio to the container")
+@click.argument("container_id")
+@click.pass_context
+def run(ctx: click.Context, bundle: str, console_socket: str | None, pid_file: str | None, detach: bool,
+        keep: bool, no_pivot: bool, no_new_keyring: bool, preserve_fds: int, container_id: str) -> None:
+    """Create and start a container; without -d wait and exit with its status (128+signal if killed)."""
+    g = _g(ctx)
+    _finish(ctx, c.guard(g, lambda: c.cmd_run(g, container_id, bundle, console_socket, pid_file, detach, keep,
+                                                no_pivot, no_new_keyring, preserve_fds)))
+
+
+@cli.command()
+@click.option("--bundle", "-b", default=".", show_default=True, help="directory to write config.json into")
+@click.option("--rootless", is_flag=True, help="a spec for an unprivileged user (user namespace)")
+@click.pass_context
+def spec(ctx: click.Context, bundle: str, rootless: bool) -> None:
+    """Write a default config.json into the bundle directory."""
+    g = _g(ctx)
+
+    def do() -> int:
+        from runtime.spec import default_spec
+        from runtime.state import dumps_json
+        path = os.path.join(bundle, "config.json")
+        if os.path.exists(path):
+            raise HuskError(f"{path} already exists: remove it first")
+        with open(path, "w") as f:
+            f.write(dumps_json(default_spec(rootless, os.getuid(), os.getgid()), indent=2) + "\n")
+        return 0
+    _finish(ctx, c.guard(g, do))
+
+
+@cli.command("list")
+@click.option("--format", "-f", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option("--quiet", "-q", is_flag=True, help="print only the container ids")
+@click.pass_context
+def list_(ctx: click.Context, fmt: str, quiet: bool) -> None:
+    """List the containers under --root."""
+    g = _g(ctx)
+
+    def do() -> int:
+        from runtime import lifecycle
+        from runtime.state import dumps_json
+        items = lifecycle.list_containers(g.root)
+        if quiet:
+            for s in items:
+                click.echo(s["id"])
+        elif fmt == "json":
+            click.echo(dumps_json(items))
+        else:
+            rows = [("ID", "PID", "STATUS", "BUNDLE", "CREATED", "OWNER")]
+            rows += [(s["id"], str(s["pid"]), s["status"], s["bundle"], s["created"], s["owner"] or "root")
+                     for s in items]
+            widths = [max(len(r[i]) for r in rows) for i in range(6)]
+            for r in rows:
+                click.echo("   ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip())
+        return 0
+    _finish(ctx, c.guard(g, do))
+
+
+@cli.command(context_settings={"ignore_unknown_options": True})
+@click.option("--format", "-f", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.argument("container_id")
+@click.argument("ps_args", nargs=-1, type=click.UNPROCESSED)
+@click.pass_context
+def ps(ctx: click.Context, fmt: str, container_id: str, ps_args: tuple[str, ...]) -> None:
+    """List the processes in a container (ps -ef filtered to its cgroup, or a JSON array of pids)."""
+    g = _g(ctx)
+
+    def do() -> int:
+        from runtime import lifecycle
+        pids = lifecycle.processes(g.root, container_id)
+        if fmt == "json":
+            from runtime.state import dumps_json
+            click.echo(dumps_json(pids))
+            return 0
+        import subprocess
+        out = subprocess.run(["ps", *(ps_args or ("-ef",))], capture_output=True, text=True, check=True).stdout
+        lines = out.splitlines()
+        if not lines:
+            return 0
+        header = lines[0].split()
+        if "PID" not in header:
+            raise HuskError("ps output has no PID column")
+        col = header.index("PID")
+        click.echo(lines[0])
+        wanted = {str(p) for p in pids}
+        for line in lines[1:]:
+            fields = line.split()
+            if len(fields) > col and fields[col] in wanted:
+                click.echo(line)
+        return 0
+    _finish(ctx, c.guard(g, do))
+
+
+@cli.command("exec", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--process", "-p", "process_file", default=None, help="an OCI process JSON file")
+@click.option("--tty", "-t", is_flag=True, help="allocate a pty (needs --console-socket)")
+@click.option("--console-socket", default=None, help="unix socket that receives the pty master")
+@click.option("--detach", "-d", is_flag=True, help="do not wait for the process")
+@click.option("--pid-file", default=None, help="write the process's pid to this file")
+@click.option("--cwd", default=None, help="working directory inside the container")
+@click.option("--env", "-e", multiple=True, help="KEY=value added to the environment")
+@click.option("--user", "-u", default=None, help="uid[:gid]")
+@click.option("--additional-gids", "-g", multiple=True, type=int, help="extra group ids")
+@click.option("--cap", "-c", multiple=True, help="add a capability (e.g. CAP_NET_ADMIN)")
+@click.option("--no-new-privs", is_flag=True, help="set no_new_privs")
+@click.option("--apparmor", default=None, help="AppArmor profile")
+@click.option("--process-label", default=None, help="SELinux label (ignored: SELinux is not supported)")
+@click.option("--preserve-fds", default=0, type=int, help="pass this many fds after stdio to the process")
+@click.option("--cgroup", default=None, help="run in this sub-cgroup of the container ([controller:]path)")
+@click.option("--ignore-paused", is_flag=True, help="accepted for runc compatibility")
+@click.argument("container_id")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+@click.pass_context
+def exec_(ctx: click.Context, process_file: str | None, tty: bool, console_socket: str | None, detach: bool,
+          pid_file: str | None, cwd: str | None, env: tuple[str, ...], user: str | None,
+          additional_gids: tuple[int, ...], cap: tuple[str, ...], no_new_privs: bool, apparmor: str | None,
+          process_label: str | None, preserve_fds: int, cgroup: str | None, ignore_paused: bool,
+          container_id: str, command: tuple[str, ...]) -> None:
+    """Run a new process inside a running container."""
+    g = _g(ctx)
+
+    def do() -> int:
+        from runtime import lifecycle
+        process = build_exec_process(g, container_id, process_file, list(command), tty=tty, cwd=cwd, env=env,
+                                     user=user, additional_gids=additional_gids, caps=cap,
+                                     no_new_privs=no_new_privs, apparmor=apparmor)
+        rc = lifecycle.exec_process(g.root, container_id, process, console_socket=console_socket,
+                                    pid_file=pid_file, detach=detach, preserve_fds=preserve_fds, cgroup=cgroup)
+        return 0 if detach else rc
+    _finish(ctx, c.guard(g, do))
+
+
+def build_exec_process(g: c.Globals, container_id: str, process_file: str | None, command: list[str], *,
+                       tty: bool, cwd: str | None, env: tuple[str, ...], user: str | None,
+                       additional_gids: tuple[int, ...], caps: tuple[str, ...], no_new_privs: bool,
+                       apparmor: str | None) -> dict[str, Any]:
+    """runc's rules: --process is used as given; otherwise the container's process is the template."""
+    import json
+    if process_file:
+        with open(process_file) as f:
+            try:
+                return json.load(f)
+            except ValueError as e:
+                raise HuskError(f"--process {process_file}: invalid JSON: {e}") from None
+    if not command:
+        raise HuskError("exec: give a command or --process FILE")
+    from runtime import state as st
+    base = dict(st.load(g.root, container_id).config.get("process") or {})
+    proc: dict[str, Any] = {
+        "args": command, "cwd": cwd or base.get("cwd") or "/", "terminal": tty,
+        "env": list(base.get("env") or []) + list(env),
+        "user": dict(base.get("user") or {"uid": 0, "gid": 0}),
+        "capabilities": {k: list(v) for k, v in (base.get("capabilities") or {}).items()},
+        "noNewPrivileges": bool(base.get("noNewPrivileges")) or no_new_privs,
+    }
+    if base.get("rlimits"):
+        proc["rlimits"] = base["rlimits"]
+    if apparmor or base.get("apparmorProfile"):
+        proc["apparmorProfile"] = apparmor or base["apparmorProfile"]
+    if user:
+        uid, _, gid = user.partition(":")
+        try:
+            proc["user"] = {"uid": int(uid), "gid": int(gid) if gid else 0}
+        except ValueError:
+            raise HuskError(f"--user {user!r}: expected uid[:gid] (numbers)") from None
+    if additional_gids:
+        proc["user"]["additionalGids"] = list(additional_gids)
+    for name in caps:
+        for kind in ("bounding", "effective", "permitted", "ambient"):
+            proc["capabilities"].setdefault(kind, [])
+            if name not in proc["capabilities"][kind]:
+                proc["capabilities"][kind].append(name)
+    return proc
+
+
+@cli.command()
+@click.argument("container_id")
+@click.pass_context
+def pause(ctx: click.Context, container_id: str) -> None:
+    """Freeze every process of a running container."""
+    g = _g(ctx)
+    from runtime import lifecycle
+    _finish(ctx, c.guard(g, lambda: lifecycle.pause(g.root, container_id)))
+
+
+@cli.command()
+@click.argument("container_id")
+@click.pass_context
+def resume(ctx: click.Context, container_id: str) -> None:
+    """Thaw a paused container."""
+    g = _g(ctx)
+    from runtime import lifecycle
+    _finish(ctx, c.guard(g, lambda: lifecycle.resume(g.root, container_id)))
+
+
+@cli.command()
+@click.option("--resources", "-r", "resources", default=None, help="a linux.resources JSON file, '-' for stdin")
+@click.argument("container_id")
+@click.pass_context
+def update(ctx: click.Context, resources: str | None, container_id: str) -> None:
+    """Change the cgroup limits of a container (linux.resources JSON)."""
+    g = _g(ctx)
+
+    def do() -> int:
+        import json
+        from runtime import state as st
+        from runtime.cgroups import manager_for
+        if resources is None:
+            raise HuskError("update: --resources FILE (or -) is required")
+        data = sys.stdin.read() if resources == "-" else open(resources).read()
+        try:
+            res = json.loads(data)
+        except ValueError as e:
+            raise HuskError(f"--resources: invalid JSON: {e}") from None
+        from runtime import config
+        config.check_schema({"ociVersion": "1.0.0", "linux": {"resources": res}})
+        rec = st.load(g.root, container_id)
+        manager_for(rec.cgroup_path).set(res)
+        return 0
+    _finish(ctx, c.guard(g, do))
+
+
+def run_click(args: list[str]) -> int:
+    try:
+        rc = cli.main(args=args, prog_name="husk", standalone_mode=False)
+    except click.exceptions.Exit as e:
+        return e.exit_code
+    except click.ClickException as e:
+        e.show()
+        return e.exit_code if e.exit_code else 1
+    except click.exceptions.Abort:
+        return 1
+    return rc if isinstance(rc, int) else 0

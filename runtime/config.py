@@ -1,0 +1,288 @@
+"""Loads a bundle's config.json: JSON parse, schema check (the generated validator), then the semantic checks.
+
+Owns every decision about whether a config can run on Linux; creates nothing on the host.
+Errors are runtime.errors.ConfigError naming the JSON path and the reason.
+"""
+from __future__ import annotations
+
+import os
+TYPE_CHECKING = False  # `typing` costs ~4 ms (it imports re): annotations only
+if TYPE_CHECKING:
+    from typing import Any
+
+from runtime.errors import ConfigError
+from runtime.linux import syscalls
+
+CAPABILITIES = (
+    "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_DAC_READ_SEARCH", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL",
+    "CAP_SETGID", "CAP_SETUID", "CAP_SETPCAP", "CAP_LINUX_IMMUTABLE", "CAP_NET_BIND_SERVICE",
+    "CAP_NET_BROADCAST", "CAP_NET_ADMIN", "CAP_NET_RAW", "CAP_IPC_LOCK", "CAP_IPC_OWNER", "CAP_SYS_MODULE",
+    "CAP_SYS_RAWIO", "CAP_SYS_CHROOT", "CAP_SYS_PTRACE", "CAP_SYS_PACCT", "CAP_SYS_ADMIN", "CAP_SYS_BOOT",
+    "CAP_SYS_NICE", "CAP_SYS_RESOURCE", "CAP_SYS_TIME", "CAP_SYS_TTY_CONFIG", "CAP_MKNOD", "CAP_LEASE",
+    "CAP_AUDIT_WRITE", "CAP_AUDIT_CONTROL", "CAP_SETFCAP", "CAP_MAC_OVERRIDE", "CAP_MAC_ADMIN", "CAP_SYSLOG",
+    "CAP_WAKE_ALARM", "CAP_BLOCK_SUSPEND", "CAP_AUDIT_READ", "CAP_PERFMON", "CAP_BPF", "CAP_CHECKPOINT_RESTORE",
+)
+CAP_NUMBER = {name: i for i, name in enumerate(CAPABILITIES)}
+CAP_SETS = ("bounding", "effective", "permitted", "inheritable", "ambient")
+
+# RLIMIT_* name -> resource number (asm-generic/resource.h; x86_64 uses the generic numbering)
+RLIMITS = {
+    "RLIMIT_CPU": 0, "RLIMIT_FSIZE": 1, "RLIMIT_DATA": 2, "RLIMIT_STACK": 3, "RLIMIT_CORE": 4,
+    "RLIMIT_RSS": 5, "RLIMIT_NPROC": 6, "RLIMIT_NOFILE": 7, "RLIMIT_MEMLOCK": 8, "RLIMIT_AS": 9,
+    "RLIMIT_LOCKS": 10, "RLIMIT_SIGPENDING": 11, "RLIMIT_MSGQUEUE": 12, "RLIMIT_NICE": 13,
+    "RLIMIT_RTPRIO": 14, "RLIMIT_RTTIME": 15,
+}
+HOOK_KINDS = ("prestart", "createRuntime", "createContainer", "startContainer", "poststart", "poststop")
+
+
+# Records here are plain classes with __slots__, not dataclasses: `dataclasses` imports inspect, which would
+# add tens of milliseconds to every `create`.
+class Namespace:
+    __slots__ = ("type", "path")
+
+    def __init__(self, type: str, path: str | None) -> None:
+        self.type = type   # OCI name: pid, network, mount, ipc, uts, user, cgroup, time
+        self.path = path   # join this namespace (setns) instead of creating one
+
+    def __repr__(self) -> str:
+        return f"Namespace({self.type!r}, {self.path!r})"
+
+
+class Config:
+    """A validated config.json: the raw dict (what hooks, cgroups and exec read) plus derived facts."""
+
+    def __init__(self, raw: dict[str, Any], bundle: str, rootfs: str) -> None:
+        self.raw = raw
+        self.bundle = bundle
+        self.rootfs = rootfs                       # absolute path of root.path
+        self.namespaces: list[Namespace] = []
+
+    def ns(self, kind: str) -> Namespace | None:
+        for n in self.namespaces:
+            if n.type == kind:
+                return n
+        return None
+
+    def new_ns(self, kind: str) -> bool:
+        n = self.ns(kind)
+        return n is not None and n.path is None
+
+    @property
+    def process(self) -> dict[str, Any]:
+        return self.raw.get("process") or {}
+
+    @property
+    def linux(self) -> dict[str, Any]:
+        return self.raw.get("linux") or {}
+
+    @property
+    def hooks(self) -> dict[str, list[dict[str, Any]]]:
+        return self.raw.get("hooks") or {}
+
+
+def load(bundle: str) -> Config:
+    """Reads and checks `<bundle>/config.json`. Raises ConfigError; touches nothing."""
+    path = os.path.join(bundle, "config.json")
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise ConfigError("", f"{path} does not exist") from None
+    except OSError as e:
+        raise ConfigError("", f"cannot read {path}: {e.strerror}") from None
+    from runtime import jsonload
+    try:
+        raw = jsonload.loads(data)
+    except ValueError as e:
+        raise ConfigError("", f"invalid JSON in {path}: {e}") from None
+    return check(raw, bundle)
+
+
+def check_schema(raw: Any) -> None:
+    """The schema check alone (the generated validator); raises ConfigError with the JSON path."""
+    from runtime.schema import validator
+    try:
+        validator.validate(raw)
+    except validator.JsonSchemaValueException as e:
+        name = e.name or "data"
+        jpath = name[5:] if name.startswith("data.") else ("" if name == "data" else name)
+        msg = e.message
+        if msg.startswith(name):
+            msg = msg[len(name):].strip()
+        raise ConfigError(jpath, msg) from None
+
+
+def check(raw: Any, bundle: str, *, require_rootfs: bool = True) -> Config:
+    """Schema, then Linux semantics. `require_rootfs=False` skips the filesystem checks (unit tests)."""
+    check_schema(raw)
+    bundle = os.path.abspath(bundle)
+    root = raw.get("root")
+    if not root:
+        raise ConfigError("root", "is required on Linux")
+    rootfs = root["path"]
+    if not os.path.isabs(rootfs):
+        rootfs = os.path.join(bundle, rootfs)
+    rootfs = os.path.normpath(rootfs)
+    if require_rootfs:
+        if not os.path.exists(rootfs):
+            raise ConfigError("root.path", f"rootfs {rootfs} does not exist")
+        if not os.path.isdir(rootfs):
+            raise ConfigError("root.path", f"rootfs {rootfs} is not a directory")
+    cfg = Config(raw=raw, bundle=bundle, rootfs=rootfs)
+    _check_process(raw.get("process"), "process", create=True)
+    _check_linux(cfg)
+    _check_mounts(raw.get("mounts") or [])
+    _check_hooks(raw.get("hooks") or {})
+    return cfg
+
+
+def check_process(process: Any) -> None:
+    """Checks an exec process object (`husk exec --process`): schema of the process part plus semantics."""
+    check_schema({"ociVersion": "1.0.0", "process": process})
+    _check_process(process, "process", create=False)
+
+
+def _check_process(proc: dict[str, Any] | None, where: str, *, create: bool) -> None:
+    if proc is None:
+        raise ConfigError(where, "is required to create a container")
+    args = proc.get("args")
+    if not args:
+        raise ConfigError(f"{where}.args", "must have at least one entry on Linux")
+    if not os.path.isabs(proc["cwd"]):
+        raise ConfigError(f"{where}.cwd", f"{proc['cwd']!r} is not an absolute path")
+    for i, env in enumerate(proc.get("env") or []):
+        if "=" not in env:
+            raise ConfigError(f"{where}.env[{i}]", f"{env!r} is not KEY=value")
+    caps = proc.get("capabilities") or {}
+    for kind in CAP_SETS:
+        for i, name in enumerate(caps.get(kind) or []):
+            if name not in CAP_NUMBER:
+                raise ConfigError(f"{where}.capabilities.{kind}[{i}]", f"unknown capability {name!r}")
+    seen: set[str] = set()
+    for i, rl in enumerate(proc.get("rlimits") or []):
+        t = rl["type"]
+        if t not in RLIMITS:
+            raise ConfigError(f"{where}.rlimits[{i}].type", f"unknown rlimit {t!r}")
+        if t in seen:
+            raise ConfigError(f"{where}.rlimits[{i}].type", f"{t} is given more than once")
+        seen.add(t)
+        if rl["soft"] > rl["hard"]:
+            raise ConfigError(f"{where}.rlimits[{i}]", f"soft limit {rl['soft']} exceeds hard limit {rl['hard']}")
+    if proc.get("terminal") is not None and not isinstance(proc.get("terminal"), bool):
+        raise ConfigError(f"{where}.terminal", "must be a boolean")
+
+
+# sysctl prefixes -> the namespace they belong to (from the kernel's namespaced sysctls)
+_IPC_SYSCTLS = ("kernel.msgmax", "kernel.msgmnb", "kernel.msgmni", "kernel.sem", "kernel.shmall",
+                "kernel.shmmax", "kernel.shmmni", "kernel.shm_rmid_forced")
+
+
+def _check_linux(cfg: Config) -> None:
+    linux = cfg.linux
+    seen: dict[str, int] = {}
+    for i, ns in enumerate(linux.get("namespaces") or []):
+        t = ns["type"]
+        if t in seen:
+            raise ConfigError(f"linux.namespaces[{i}].type", f"namespace {t!r} is listed twice")
+        seen[t] = i
+        path = ns.get("path")
+        if path is not None and path != "":
+            if not os.path.isabs(path):
+                raise ConfigError(f"linux.namespaces[{i}].path", f"{path!r} is not an absolute path")
+        else:
+            path = None
+        if t == "time" and not os.path.exists("/proc/self/ns/time"):
+            raise ConfigError(f"linux.namespaces[{i}].type", "this kernel has no time namespace")
+        cfg.namespaces.append(Namespace(t, path))
+    user = cfg.ns("user")
+    has_maps = bool(linux.get("uidMappings") or linux.get("gidMappings"))
+    if user is not None and user.path is None:
+        if not linux.get("uidMappings"):
+            raise ConfigError("linux.uidMappings", "a new user namespace needs uidMappings")
+        if not linux.get("gidMappings"):
+            raise ConfigError("linux.gidMappings", "a new user namespace needs gidMappings")
+    elif has_maps:
+        raise ConfigError("linux.uidMappings", "uid/gid mappings are given but no new user namespace is requested")
+    if linux.get("timeOffsets") and not cfg.new_ns("time"):
+        raise ConfigError("linux.timeOffsets", "time offsets need a new time namespace")
+    if cfg.raw.get("hostname") and not cfg.new_ns("uts"):
+        raise ConfigError("hostname", "setting the hostname needs a new uts namespace")
+    if cfg.raw.get("domainname") and not cfg.new_ns("uts"):
+        raise ConfigError("domainname", "setting the domainname needs a new uts namespace")
+    for key in (linux.get("sysctl") or {}):
+        where = f"linux.sysctl.{key}"
+        if key.startswith("net."):
+            if cfg.ns("network") is None:
+                raise ConfigError(where, "a net.* sysctl needs a network namespace")
+        elif key in _IPC_SYSCTLS or key.startswith("fs.mqueue."):
+            if cfg.ns("ipc") is None:
+                raise ConfigError(where, "an ipc sysctl needs an ipc namespace")
+        elif key in ("kernel.hostname", "kernel.domainname"):
+            raise ConfigError(where, "set the hostname with the hostname/domainname fields")
+        else:
+            raise ConfigError(where, "is not a namespaced sysctl: it would change the host")
+    for kind in ("maskedPaths", "readonlyPaths"):
+        for i, p in enumerate(linux.get(kind) or []):
+            if not os.path.isabs(p):
+                raise ConfigError(f"linux.{kind}[{i}]", f"{p!r} is not an absolute path")
+    for i, d in enumerate(linux.get("devices") or []):
+        if not os.path.isabs(d["path"]):
+            raise ConfigError(f"linux.devices[{i}].path", f"{d['path']!r} is not an absolute path")
+        if d["type"] in "cbu" and ("major" not in d or "minor" not in d):
+            raise ConfigError(f"linux.devices[{i}]", f"device type {d['type']!r} needs major and minor")
+    res = linux.get("resources") or {}
+    for i, d in enumerate(res.get("devices") or []):
+        if d.get("type", "a") not in "abc":
+            raise ConfigError(f"linux.resources.devices[{i}].type", "must be a, b or c")
+    cg = linux.get("cgroupsPath")
+    if cg and ".." in cg.split("/"):
+        raise ConfigError("linux.cgroupsPath", f"{cg!r} must not contain '..'")
+    if linux.get("seccomp"):
+        try:
+            from runtime import seccomp  # written by the seccomp engineer; imported only when a profile is set
+        except ImportError:
+            raise ConfigError("linux.seccomp", "seccomp support (runtime.seccomp) is not installed") from None
+        seccomp.validate(linux["seccomp"])
+    if linux.get("intelRdt"):
+        raise ConfigError("linux.intelRdt", "Intel RDT is not supported by husk")
+    if linux.get("personality"):
+        dom = linux["personality"].get("domain")
+        if dom not in ("LINUX", "LINUX32"):
+            raise ConfigError("linux.personality.domain", f"unknown domain {dom!r}")
+
+
+def _check_mounts(mounts: list[dict[str, Any]]) -> None:
+    for i, m in enumerate(mounts):
+        dest = m["destination"]
+        if not os.path.isabs(dest):
+            raise ConfigError(f"mounts[{i}].destination", f"{dest!r} is not an absolute path")
+        if ".." in dest.split("/"):
+            raise ConfigError(f"mounts[{i}].destination", f"{dest!r} must not contain '..'")
+        if m.get("uidMappings") or m.get("gidMappings"):
+            raise ConfigError(f"mounts[{i}]", "idmapped mounts are not supported by husk")
+        for j, opt in enumerate(m.get("options") or []):
+            if opt in ("idmap", "ridmap"):
+                raise ConfigError(f"mounts[{i}].options[{j}]", "idmapped mounts are not supported by husk")
+        mtype = m.get("type")
+        opts = m.get("options") or []
+        is_bind = mtype == "bind" or "bind" in opts or "rbind" in opts
+        if is_bind and not m.get("source"):
+            raise ConfigError(f"mounts[{i}].source", "a bind mount needs a source")
+
+
+def _check_hooks(hooks: dict[str, list[dict[str, Any]]]) -> None:
+    for kind in HOOK_KINDS:
+        for i, h in enumerate(hooks.get(kind) or []):
+            if not os.path.isabs(h["path"]):
+                raise ConfigError(f"hooks.{kind}[{i}].path", f"{h['path']!r} is not an absolute path")
+
+
+def known_cap_mask(names: list[str]) -> int:
+    """Bit mask of the capabilities this kernel knows (names beyond cap_last_cap are skipped, as runc does)."""
+    last = syscalls.last_cap()
+    mask = 0
+    for name in names:
+        n = CAP_NUMBER[name]
+        if n <= last:
+            mask |= 1 << n
+    return mask

@@ -1,0 +1,173 @@
+"""Stage 3 of create: the container init. Builds the rootfs, blocks on the exec fifo, then execs the process.
+
+May: mount inside its own mount namespace, pivot_root, set hostname/sysctls, allocate the console, run the
+createContainer/startContainer hooks, drop privileges and execve. Must not: touch cgroups or the state dir
+(other than the exec fifo it was handed), or return to the caller (it always execs or exits).
+"""
+from __future__ import annotations
+
+import os
+import _signal as signal  # the C module: `signal` builds enums on import (~2 ms)
+TYPE_CHECKING = False  # `typing` costs ~4 ms (it imports re): annotations only
+
+from runtime import rootfs as rfs
+from runtime.errors import SetupError, describe
+from runtime.linux import syscalls as sc
+
+if TYPE_CHECKING:
+    from runtime.parent import CreateContext
+    from runtime.sync import Channel
+
+
+def run(ctx: "CreateContext", chan: "Channel") -> None:
+    fifo_w = -1
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.setsid()
+        fifo_path = _setup(ctx, chan)
+        chan.send("ready")
+        chan.close()
+        # blocks until `start` opens the fifo for reading; the fd closes on execve, which `start` sees as EOF
+        fifo_w = os.open(fifo_path, os.O_WRONLY | os.O_CLOEXEC)
+        os.write(fifo_w, b"0")
+        _start(ctx, fifo_w)
+    except BaseException as e:
+        msg = describe(e)
+        try:
+            if fifo_w >= 0:
+                os.write(fifo_w, msg.encode())
+            elif chan.wfd >= 0:
+                chan.send("error", msg)
+            else:
+                os.write(2, f"husk init: {msg}\n".encode())
+        finally:
+            os._exit(1)
+    os._exit(1)
+
+
+def preload(cfg_raw: dict) -> None:
+    """Imports every module the later stages need. Called before entering a user namespace (whose root may not
+    read the interpreter's files) and before pivot_root/setns(mnt) (after which they are out of reach)."""
+    import resource  # noqa: F401
+    import select  # noqa: F401
+    import stat  # noqa: F401
+    from runtime import capabilities, hooks, process, rootfs  # noqa: F401
+    from runtime.cgroups import v1  # noqa: F401
+    if any(n.get("type") == "network" and not n.get("path") for n in (cfg_raw.get("linux") or {}).get("namespaces") or []):
+        from runtime import network  # noqa: F401
+    if (cfg_raw.get("process") or {}).get("terminal"):
+        from runtime import console  # noqa: F401
+    if (cfg_raw.get("linux") or {}).get("seccomp"):
+        from runtime import seccomp  # noqa: F401
+
+
+def _setup(ctx: "CreateContext", chan: "Channel") -> str:
+    """Everything before the exec fifo; returns the path to open it through (/proc/self/fd/N)."""
+    cfg = ctx.cfg
+    preload(cfg.raw)
+    linux = cfg.linux
+    proc = cfg.process
+    if cfg.new_ns("network"):
+        from runtime.network import loopback_up
+        loopback_up()
+    fs = rfs.RootFs(cfg.rootfs, cfg.bundle, userns=cfg.ns("user") is not None, cgroup_path=ctx.cgroup_path,
+                    cgroupns=cfg.new_ns("cgroup"), netns_new=cfg.new_ns("network"), ipcns_new=cfg.new_ns("ipc"))
+    mounts = cfg.raw.get("mounts") or []
+    fs.prepare_root(linux.get("rootfsPropagation"))
+    fs.mount_all(mounts)
+    dev_bind = any(os.path.normpath(m["destination"]) == "/dev" and
+                   (m.get("type") == "bind" or "bind" in (m.get("options") or []) or
+                    "rbind" in (m.get("options") or [])) for m in mounts)
+    fs.create_devices(linux.get("devices") or [], dev_is_tmpfs=not dev_bind)
+    fs.setup_ptmx()
+    fs.make_cwd(proc.get("cwd") or "/")
+    if proc.get("apparmorProfile") and not os.path.isdir("/sys/kernel/security/apparmor"):
+        raise SetupError(f"process.apparmorProfile {proc['apparmorProfile']!r} is set but AppArmor is not enabled "
+                         f"on this host")
+    hooks = cfg.hooks
+    if hooks.get("prestart") or hooks.get("createRuntime"):
+        chan.send("hooks")
+        chan.expect("hooksdone")
+    if hooks.get("createContainer"):
+        from runtime import hooks as hk
+        hk.run("createContainer", hooks["createContainer"], ctx.hook_state(_host_pid(), "created"),
+               container_id=ctx.container_id)
+    fifo_fd = ctx.fifo_fd
+    ctx.host_pid = _host_pid()
+    fs.pivot(ctx.no_pivot)
+    if cfg.raw.get("hostname"):
+        sc.sethostname(cfg.raw["hostname"])
+    if cfg.raw.get("domainname"):
+        sc.setdomainname(cfg.raw["domainname"])
+    for key, value in (linux.get("sysctl") or {}).items():
+        rfs.write_sysctl(key, value)
+    for p in linux.get("readonlyPaths") or []:
+        rfs.readonly_path(p)
+    for p in linux.get("maskedPaths") or []:
+        rfs.mask_path(p)
+    if (cfg.raw.get("root") or {}).get("readonly"):
+        rfs.readonly_root()
+    if linux.get("rootfsPropagation"):
+        rfs.set_root_propagation(linux["rootfsPropagation"])
+    if proc.get("terminal"):
+        _console(ctx, fs, proc)
+    elif ctx.console_fd >= 0:
+        os.close(ctx.console_fd)
+    if proc.get("oomScoreAdj") is not None:
+        from runtime.process import set_oom_score_adj
+        set_oom_score_adj(proc["oomScoreAdj"])
+    if not ctx.no_new_keyring:
+        try:
+            sc.join_session_keyring(f"_ses.{ctx.container_id}")
+        except OSError as e:
+            if e.errno not in (1, 13, 38):  # EPERM/EACCES/ENOSYS: keyrings unavailable here, as runc tolerates
+                raise
+    from runtime.process import build_env, find_executable
+    ctx.env = build_env(proc, ctx.extra_env)
+    ctx.exe = find_executable(proc["args"][0], ctx.env, proc.get("cwd") or "/")
+    return f"/proc/self/fd/{fifo_fd}"
+
+
+def _start(ctx: "CreateContext", fifo_w: int) -> None:
+    cfg = ctx.cfg
+    if cfg.hooks.get("startContainer"):
+        from runtime import hooks as hk
+        hk.run("startContainer", cfg.hooks["startContainer"], ctx.hook_state(ctx.host_pid, "created"),
+               container_id=ctx.container_id)
+    from runtime.process import exec_process
+    exec_process(cfg.process, ctx.exe, ctx.env, seccomp=cfg.linux.get("seccomp"), preserve_fds=ctx.preserve_fds)
+
+
+def _console(ctx: "CreateContext", fs: rfs.RootFs, proc: dict) -> None:
+    from runtime import console
+    if ctx.console_fd < 0:
+        raise SetupError("process.terminal is true but no --console-socket was given")
+    master, slave, path = console.open_pty()
+    try:
+        size = proc.get("consoleSize")
+        if size:
+            console.set_size(master, size["height"], size["width"])
+        fs.rootfs = "/"
+        try:
+            fs.rootfd = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            fs.mount_console(path)
+        finally:
+            if fs.rootfd >= 0:
+                os.close(fs.rootfd)
+                fs.rootfd = -1
+        console.send_master(ctx.console_fd, master)
+    finally:
+        os.close(master)
+        os.close(ctx.console_fd)
+        ctx.console_fd = -1
+    console.make_controlling(slave)
+    os.close(slave)
+
+
+def _host_pid() -> int:
+    # before pivot_root /proc is still the host's procfs, where "self" names our pid in the host namespace
+    try:
+        return int(os.readlink("/proc/self"))
+    except (OSError, ValueError):
+        return os.getpid()

@@ -1,0 +1,269 @@
+"""The runtime's library API: create, start, state, kill, delete, exec, pause, resume, list (plain values in/out).
+
+The CLI only parses flags and calls these; the shim's fast path forks and calls them directly. Spec state
+transitions are enforced here. Heavy modules are imported inside the functions that need them.
+"""
+from __future__ import annotations
+
+import os
+
+from runtime import logutil, state as st
+from runtime.errors import InvalidState, SetupError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+SIGKILL = 9  # not signal.SIGKILL: the signal module builds enums on import (~4 ms on every verb)
+
+
+def create(root: str, container_id: str, bundle: str, *, console_socket: str | None = None,
+           pid_file: str | None = None, no_pivot: bool = False, no_new_keyring: bool = False,
+           preserve_fds: int = 0) -> int:
+    """Sets up the container and returns the init's host pid; the init stays blocked until start()."""
+    from runtime import config, parent
+    st.validate_id(container_id)
+    bundle = os.path.abspath(bundle)
+    cfg = config.load(bundle)
+    if os.path.exists(os.path.join(root, container_id)):
+        from runtime.errors import ContainerExists
+        raise ContainerExists(container_id)
+    return parent.create(root, container_id, cfg, console_socket=console_socket, pid_file=pid_file,
+                         no_pivot=no_pivot, no_new_keyring=no_new_keyring, preserve_fds=preserve_fds)
+
+
+def start(root: str, container_id: str) -> None:
+    """Releases the init blocked on the exec fifo; returns once the user process has been exec'd."""
+    with st.Lock(st.container_dir(root, container_id)):
+        rec = st.load(root, container_id)
+        status = st.status(root, rec)
+        if status != "created":
+            raise InvalidState(f"cannot start container {container_id!r}: it is {status}, "
+                               f"only a created container can be started")
+        fifo = os.path.join(root, container_id, st.FIFO)
+        msg = _release(fifo, rec)
+        try:
+            os.unlink(fifo)
+        except FileNotFoundError:
+            pass
+        if msg is not None:
+            raise SetupError(f"start container {container_id!r}: {msg}")
+        hooks = (rec.config.get("hooks") or {}).get("poststart")
+        if hooks:
+            from runtime import hooks as hk
+            state_json = st.dumps_json(_hook_state(rec, "running"))
+            try:
+                hk.run("poststart", hooks, state_json, container_id=container_id)
+            except SetupError:
+                # runtime-spec 1.2+: a failed poststart hook is an error and the container is stopped
+                _kill_container(rec, SIGKILL)
+                raise
+
+
+def _release(fifo: str, rec: st.Record) -> str | None:
+    """Opens the fifo for reading (unblocking the init) and reads until the init execs (EOF).
+    Returns None on success, else the init's error message."""
+    import select
+    from runtime.linux import syscalls as sc
+    fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        try:
+            pidfd = sc.pidfd_open(rec.pid)
+        except OSError:
+            return "the container init is gone"
+        try:
+            data = b""
+            init_gone = False
+            while True:
+                ready, _, _ = select.select([fd, pidfd], [], [])
+                if fd in ready:
+                    try:
+                        chunk = os.read(fd, 65536)
+                    except BlockingIOError:
+                        chunk = None
+                    if chunk == b"":
+                        break
+                    if chunk:
+                        data += chunk
+                        continue
+                if pidfd in ready:
+                    if init_gone:
+                        break
+                    init_gone = True  # read once more: it may have written its error before exiting
+                    os.set_blocking(fd, False)
+        finally:
+            os.close(pidfd)
+    finally:
+        os.close(fd)
+    if data[:1] != b"0":
+        return "the container init exited before the process started"
+    if len(data) > 1:
+        return data[1:].decode(errors="replace")
+    return None
+
+
+def state(root: str, container_id: str) -> dict[str, Any]:
+    rec = st.load(root, container_id)
+    return st.oci_state(root, rec)
+
+
+def kill(root: str, container_id: str, sig: int, all: bool = False) -> None:
+    rec = st.load(root, container_id)
+    status = st.status(root, rec)
+    if status == "stopped":
+        raise InvalidState(f"container {container_id!r} is not running")
+    if all:
+        from runtime.cgroups import manager_for
+        manager_for(rec.cgroup_path).kill_all(sig)
+        return
+    _signal_init(rec, sig)
+
+
+def _signal_init(rec: st.Record, sig: int) -> None:
+    from runtime.linux import syscalls as sc
+    try:
+        pidfd = sc.pidfd_open(rec.pid)
+    except ProcessLookupError:
+        raise InvalidState(f"container {rec.id!r} is not running") from None
+    try:
+        # the pidfd pins the process: check it is still our init (not a reused pid) before signalling
+        if not st.init_alive(rec):
+            raise InvalidState(f"container {rec.id!r} is not running")
+        sc.pidfd_send_signal(pidfd, sig)
+    finally:
+        os.close(pidfd)
+
+
+def _kill_container(rec: st.Record, sig: int) -> None:
+    from runtime.cgroups import manager_for
+    mgr = manager_for(rec.cgroup_path)
+    try:
+        if mgr.exists():
+            mgr.kill_all(sig)
+    except SetupError as e:
+        logutil.warning("kill %s: %s", rec.id, e, container_id=rec.id)
+    try:
+        _signal_init(rec, sig)
+    except (InvalidState, OSError):
+        pass
+
+
+def delete(root: str, container_id: str, force: bool = False) -> None:
+    sdir = st.container_dir(root, container_id)
+    with st.Lock(sdir):
+        rec = st.load(root, container_id)
+        status = st.status(root, rec)
+        if status != "stopped":
+            if not force:
+                raise InvalidState(f"cannot delete container {container_id!r}: it is {status} "
+                                   f"(stop it first, or use --force)")
+            _kill_container(rec, SIGKILL)
+            _wait_gone(rec)
+        from runtime.cgroups import manager_for
+        mgr = manager_for(rec.cgroup_path)
+        if mgr.exists():
+            linux = rec.config.get("linux") or {}
+            own_pidns = any(n.get("type") == "pid" and not n.get("path") for n in linux.get("namespaces") or [])
+            if not own_pidns and mgr.pids():
+                mgr.kill_all(SIGKILL)  # without a pid namespace the init's death does not end the rest
+            _destroy(mgr)
+        st.remove_dir(sdir)
+    hooks = (rec.config.get("hooks") or {}).get("poststop")
+    if hooks:
+        from runtime import hooks as hk
+        hk.run("poststop", hooks, st.dumps_json(_hook_state(rec, "stopped")), container_id=container_id,
+               keep_going=True)
+
+
+def _destroy(mgr: Any) -> None:
+    import time
+    for _ in range(200):
+        try:
+            mgr.destroy()
+            return
+        except SetupError:
+            if not mgr.pids():
+                time.sleep(0.01)
+                continue
+            time.sleep(0.01)
+    mgr.destroy()
+
+
+def _wait_gone(rec: st.Record, timeout: float = 10.0) -> None:
+    import select
+    from runtime.linux import syscalls as sc
+    try:
+        pidfd = sc.pidfd_open(rec.pid)
+    except ProcessLookupError:
+        return
+    try:
+        if st.proc_stat(rec.pid) is None or st.proc_stat(rec.pid)[1] != rec.pid_start:  # type: ignore[index]
+            return
+        ready, _, _ = select.select([pidfd], [], [], timeout)
+        if not ready:
+            raise SetupError(f"container {rec.id!r}: init (pid {rec.pid}) did not exit after SIGKILL")
+    finally:
+        os.close(pidfd)
+
+
+def _hook_state(rec: st.Record, status: str) -> dict[str, Any]:
+    return {"ociVersion": st.OCI_VERSION, "id": rec.id, "status": status,
+            "pid": rec.pid if status != "stopped" else 0, "bundle": rec.bundle, "annotations": rec.annotations}
+
+
+def pause(root: str, container_id: str) -> None:
+    from runtime.cgroups import manager_for
+    with st.Lock(st.container_dir(root, container_id)):
+        rec = st.load(root, container_id)
+        status = st.status(root, rec)
+        if status != "running":
+            raise InvalidState(f"cannot pause container {container_id!r}: it is {status}")
+        manager_for(rec.cgroup_path).freeze()
+
+
+def resume(root: str, container_id: str) -> None:
+    from runtime.cgroups import manager_for
+    with st.Lock(st.container_dir(root, container_id)):
+        rec = st.load(root, container_id)
+        status = st.status(root, rec)
+        if status != "paused":
+            raise InvalidState(f"cannot resume container {container_id!r}: it is {status}, not paused")
+        manager_for(rec.cgroup_path).thaw()
+
+
+def list_containers(root: str) -> list[dict[str, Any]]:
+    out = []
+    for cid in st.list_ids(root):
+        try:
+            out.append(state(root, cid))
+        except Exception as e:  # noqa: BLE001 - one broken state dir must not hide the others
+            logutil.warning("list: skipping %s: %s", cid, e, container_id=cid)
+    return out
+
+
+def processes(root: str, container_id: str) -> list[int]:
+    """Every pid in the container's cgroup (what `husk ps` shows)."""
+    from runtime.cgroups import manager_for
+    rec = st.load(root, container_id)
+    if st.status(root, rec) == "stopped":
+        return []
+    return manager_for(rec.cgroup_path).pids()
+
+
+def exec_process(root: str, container_id: str, process: dict[str, Any], *, console_socket: str | None = None,
+                 pid_file: str | None = None, detach: bool = False, preserve_fds: int = 0,
+                 cgroup: str | None = None) -> int:
+    """Runs `process` (an OCI process object) inside the container; detach: its pid, else its exit code."""
+    from runtime import execute
+    return execute.exec_process(root, container_id, process, console_socket=console_socket, pid_file=pid_file,
+                                detach=detach, preserve_fds=preserve_fds, cgroup=cgroup)
+
+
+def run(root: str, container_id: str, bundle: str, *, detach: bool = False, console_socket: str | None = None,
+        pid_file: str | None = None, no_pivot: bool = False, no_new_keyring: bool = False,
+        preserve_fds: int = 0, keep: bool = False) -> int:
+    """create + start; without `detach`, waits and returns the exit code (128+signal) and deletes."""
+    from runtime import foreground
+    return foreground.run(root, container_id, bundle, detach=detach, console_socket=console_socket,
+                          pid_file=pid_file, no_pivot=no_pivot, no_new_keyring=no_new_keyring,
+                          preserve_fds=preserve_fds, keep=keep)

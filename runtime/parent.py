@@ -1,0 +1,290 @@
+"""Stage 1 of create: the runtime process. Owns the state dir, the cgroup, the uid/gid maps and the
+prestart/createRuntime hooks; forks the intermediate child (child.py), which forks the init (init.py).
+
+Sync protocol (runtime/sync.py), child -> parent: "maps" (write my uid/gid maps), "pid N" (the init's pid),
+"hooks" (run prestart+createRuntime now), "ready" (init is about to block on the exec fifo), "error MSG".
+Parent -> child: "go" (you are in the cgroup), "mapped", "hooksdone", "error MSG".
+Everything created is registered in an ExitStack at once, so a failure part-way leaves nothing behind.
+"""
+from __future__ import annotations
+
+import os
+import _signal as signal  # the C module: `signal` builds enums on import (~2 ms)
+TYPE_CHECKING = False  # `typing` costs ~4 ms (it imports re): annotations only
+if TYPE_CHECKING:
+    from typing import Any
+
+from runtime import logutil, state as st
+from runtime.config import Config
+from runtime.errors import SetupError, describe
+from runtime.linux import syscalls as sc
+from runtime.sync import Channel, pair
+
+class CreateContext:
+    """What the forked stages need; they inherit it through fork, nothing is serialised.
+    (A plain class: `dataclasses` imports inspect, which costs create tens of milliseconds.)"""
+
+    def __init__(self, cfg: Config, container_id: str, state_dir: str, fifo_path: str, cgroup_path: str,
+                 fifo_fd: int = -1, console_fd: int = -1, no_pivot: bool = False, no_new_keyring: bool = False,
+                 preserve_fds: int = 0, extra_env: dict[str, str] | None = None) -> None:
+        self.cfg = cfg
+        self.container_id = container_id
+        self.state_dir = state_dir
+        self.fifo_path = fifo_path
+        self.cgroup_path = cgroup_path
+        self.fifo_fd = fifo_fd
+        self.console_fd = console_fd
+        self.no_pivot = no_pivot
+        self.no_new_keyring = no_new_keyring
+        self.preserve_fds = preserve_fds
+        self.extra_env = extra_env or {}
+        self.host_pid = 0                    # the init's pid in the runtime's pid namespace
+        self.env: dict[str, str] = {}        # the process environment, computed before the fifo
+        self.exe = ""                        # args[0] resolved in the container
+
+    def hook_state(self, pid: int, status: str) -> str:
+        return st.dumps_json({"ociVersion": st.OCI_VERSION, "id": self.container_id, "status": status,
+                              "pid": pid, "bundle": self.cfg.bundle,
+                              "annotations": self.cfg.raw.get("annotations") or {}})
+
+
+def create(root: str, container_id: str, cfg: Config, *, console_socket: str | None, pid_file: str | None,
+           no_pivot: bool, no_new_keyring: bool, preserve_fds: int) -> int:
+    from runtime import cgroups
+    if cfg.ns("mount") is None:
+        raise SetupError("linux.namespaces: husk needs a mount namespace (new or joined by path) to set up "
+                         "the rootfs; a container without one would change the host's mounts")
+    if cfg.process.get("terminal") and not console_socket:
+        raise SetupError("process.terminal is true: --console-socket is required")
+    cgroup_path = cgroups.resolve_path(cfg.linux.get("cgroupsPath"), container_id)
+    extra_env: dict[str, str] = {}
+    listen = os.environ.get("LISTEN_FDS")
+    if listen and listen.isdigit() and int(listen) > 0:
+        # socket activation: keep the activated fds right after stdio, as runc does
+        preserve_fds += int(listen)
+        extra_env = {"LISTEN_FDS": listen, "LISTEN_PID": "1"}
+    with Undo() as undo:
+        state_dir, lock = st.create_dir(root, container_id)
+        undo.callback(_rmtree, state_dir)
+        undo.callback(lock.release)
+        fifo = os.path.join(state_dir, st.FIFO)
+        old = os.umask(0)
+        try:
+            os.mkfifo(fifo, 0o622)
+        finally:
+            os.umask(old)
+        # opened here and inherited: the init may run as a uid that cannot reach the state dir (user ns)
+        fifo_fd = os.open(fifo, os.O_PATH | os.O_CLOEXEC)
+        undo.callback(_close, fifo_fd)
+        mgr = cgroups.manager_for(cgroup_path)
+        existed = mgr.exists()
+        mgr.create()
+        if not existed:
+            undo.callback(_destroy_cgroup, mgr)
+        mgr.set(cgroup_resources(cfg))
+        console_fd = -1
+        if console_socket and cfg.process.get("terminal"):
+            from runtime import console
+            console_fd = console.connect(console_socket)
+            undo.callback(_close, console_fd)
+        ctx = CreateContext(cfg=cfg, container_id=container_id, state_dir=state_dir, fifo_path=fifo,
+                            cgroup_path=cgroup_path, fifo_fd=fifo_fd, console_fd=console_fd, no_pivot=no_pivot,
+                            no_new_keyring=no_new_keyring, preserve_fds=preserve_fds, extra_env=extra_env)
+        parent_chan, child_chan = pair()
+        undo.callback(parent_chan.close)
+        # the init becomes our child when the intermediate exits, so a failed create can kill and reap it;
+        # once we exit it moves on to the next subreaper up (the shim) or to pid 1
+        sc.set_child_subreaper(True)
+        pid1 = os.fork()
+        if pid1 == 0:
+            parent_chan.close()
+            lock.release()  # a forked copy of the lock fd would keep the state dir locked for the container's life
+            from runtime import child
+            child.run(ctx, child_chan)  # never returns
+        child_chan.close()
+        procs = _Procs(pid1, mgr)
+        undo.callback(procs.kill_all)
+        init_pid = _drive(ctx, mgr, parent_chan, pid1, procs)
+        rec = st.Record(id=container_id, pid=init_pid, pid_start=_start_time(init_pid), bundle=cfg.bundle,
+                        rootfs=cfg.rootfs, created=st.now_rfc3339(), cgroup_path=cgroup_path, config=cfg.raw,
+                        annotations=dict(cfg.raw.get("annotations") or {}))
+        st.save(state_dir, rec)
+        if pid_file:
+            st.write_pid_file(pid_file, init_pid)
+        if console_fd >= 0:
+            os.close(console_fd)
+        os.close(fifo_fd)
+        parent_chan.close()
+        lock.release()
+        undo.pop_all()
+    logutil.debug("created container %s, init pid %d", container_id, init_pid, container_id=container_id)
+    return init_pid
+
+
+def cgroup_resources(cfg: Config) -> dict[str, Any]:
+    """linux.resources with the device rules completed: the config's rules in order, then the defaults every
+    container needs and an allow rule for each linux.devices entry (deny-all comes first in the managers)."""
+    from runtime.rootfs import DEFAULT_DEVICE_RULES
+    resources = dict(cfg.linux.get("resources") or {})
+    dev_rules = [{"allow": True, "type": "c" if d["type"] == "u" else d["type"], "major": d.get("major"),
+                  "minor": d.get("minor"), "access": "rwm"}
+                 for d in cfg.linux.get("devices") or [] if d["type"] in "cbu"]
+    resources["devices"] = list(resources.get("devices") or []) + DEFAULT_DEVICE_RULES + dev_rules
+    return resources
+
+
+class Undo:
+    """A small ExitStack (contextlib costs ~5 ms to import): callbacks run in reverse order on failure."""
+
+    def __init__(self) -> None:
+        self._callbacks: list[tuple[Any, tuple[Any, ...]]] = []
+
+    def callback(self, fn: Any, *args: Any) -> None:
+        self._callbacks.append((fn, args))
+
+    def pop_all(self) -> None:
+        self._callbacks = []
+
+    def __enter__(self) -> "Undo":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        while self._callbacks:
+            fn, args = self._callbacks.pop()
+            try:
+                fn(*args)
+            except Exception as e:  # noqa: BLE001 - one failed undo must not stop the others
+                logutil.warning("cleanup step %s failed: %s", getattr(fn, "__name__", fn), e)
+
+
+class _Procs:
+    """The processes a failed create must kill and reap: the intermediate child and, once known, the init."""
+
+    def __init__(self, pid1: int, mgr: Any) -> None:
+        self.pid1: int | None = pid1
+        self.init: int | None = None
+        self.mgr = mgr
+
+    def reap_pid1(self) -> None:
+        if self.pid1 is not None:
+            _, status = os.waitpid(self.pid1, 0)
+            self.pid1 = None
+            if os.waitstatus_to_exitcode(status) != 0:
+                raise SetupError(f"intermediate process failed (status {os.waitstatus_to_exitcode(status)})")
+
+    def kill_all(self) -> None:
+        for pid in (self.pid1, self.init):
+            if pid is None:
+                continue
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+        # anything else in the cgroup (an init whose pid never reached us, its children): kill, then reap what
+        # was reparented to us (we are a subreaper), so that the cgroup can be removed
+        try:
+            if self.mgr.exists():
+                self.mgr.kill_all(signal.SIGKILL)
+        except (OSError, SetupError):
+            return
+        import time
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            try:
+                while os.waitpid(-1, os.WNOHANG)[0] > 0:
+                    pass
+            except ChildProcessError:
+                pass
+            if not self.mgr.pids():
+                return
+            time.sleep(0.005)
+
+
+def _drive(ctx: CreateContext, mgr: Any, chan: Channel, pid1: int, procs: _Procs) -> int:
+    """Runs the parent's side of the sync protocol; returns the init's pid once it reports ready."""
+    try:
+        mgr.apply(pid1)
+    except SetupError:
+        raise
+    chan.send("go")
+    init_pid = 0
+    held: list[tuple[str, str]] = []
+    while True:
+        if held and init_pid:
+            verb, text = held.pop(0)
+        else:
+            verb, text = chan.recv()
+        if verb in ("hooks", "ready") and not init_pid:
+            # the init shares the pipe with the intermediate child and may be quicker than its "pid" message
+            held.append((verb, text))
+            continue
+        if verb == "maps":
+            try:
+                _write_id_maps(pid1, ctx.cfg)
+            except OSError as e:
+                chan.send("error", describe(e))
+                raise SetupError(f"write uid/gid maps: {describe(e)}") from None
+            chan.send("mapped")
+        elif verb == "pid":
+            init_pid = int(text)
+            procs.init = init_pid
+            procs.reap_pid1()
+        elif verb == "hooks":
+            try:
+                _create_hooks(ctx, init_pid)
+            except SetupError as e:
+                chan.send("error", str(e))
+                raise
+            chan.send("hooksdone")
+        elif verb == "ready":
+            return init_pid
+        elif verb == "error":
+            raise SetupError(text)
+        elif verb == "eof":
+            raise SetupError("the container init exited during setup")
+        else:
+            raise SetupError(f"sync protocol: unexpected message {verb!r}")
+
+
+def _create_hooks(ctx: CreateContext, init_pid: int) -> None:
+    from runtime import hooks as hk
+    state_json = ctx.hook_state(init_pid, "created")
+    for kind in ("prestart", "createRuntime"):
+        if ctx.cfg.hooks.get(kind):
+            hk.run(kind, ctx.cfg.hooks[kind], state_json, container_id=ctx.container_id)
+
+
+def _write_id_maps(pid: int, cfg: Config) -> None:
+    for kind, key in (("uid_map", "uidMappings"), ("gid_map", "gidMappings")):
+        lines = "".join(f"{m['containerID']} {m['hostID']} {m['size']}\n" for m in cfg.linux.get(key) or [])
+        with open(f"/proc/{pid}/{kind}", "w") as f:
+            f.write(lines)
+
+
+def _start_time(pid: int) -> int:
+    s = st.proc_stat(pid)
+    if s is None:
+        raise SetupError(f"the container init (pid {pid}) is gone")
+    return s[1]
+
+
+def _rmtree(path: str) -> None:
+    st.remove_dir(path)
+
+
+def _destroy_cgroup(mgr: Any) -> None:
+    try:
+        mgr.destroy()
+    except SetupError as e:
+        logutil.warning("cleanup: %s", e)
+
+
+def _close(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass

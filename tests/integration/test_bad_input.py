@@ -1,0 +1,128 @@
+"""Bad input: every case gets a clear error naming the problem and leaves nothing behind (no state dir,
+cgroup, mount or process)."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.root
+
+
+def leftovers(husk, cid: str, cgroup_path: str) -> list[str]:
+    found = []
+    if (Path(husk.root) / cid).exists():
+        found.append("state dir")
+    for ctrl in ("memory", "pids", "cpu", "devices", "freezer"):
+        if os.path.exists(f"/sys/fs/cgroup/{ctrl}{cgroup_path}"):
+            found.append(f"cgroup {ctrl}")
+    with open("/proc/self/mountinfo") as f:
+        if cgroup_path.rsplit("/", 1)[-1] in f.read():
+            found.append("mount")
+    return found
+
+
+def create_bad(husk, make_bundle, edit=None, raw: str | None = None):
+    b = make_bundle(["true"], edit=edit)
+    cg = json.loads((b / "config.json").read_text())["linux"]["cgroupsPath"]
+    if raw is not None:
+        (b / "config.json").write_text(raw)
+    cid, cp = husk.create(b, check=False)
+    assert cp.returncode == 1
+    assert leftovers(husk, cid, cg) == []
+    return cp.stderr
+
+
+def test_invalid_json(husk, make_bundle) -> None:
+    err = create_bad(husk, make_bundle, raw='{"ociVersion": "1.0.2",')
+    assert "invalid JSON" in err
+
+
+@pytest.mark.parametrize("edit,path,why", [
+    (lambda c: c.update(ociVersion=2), "ociVersion", "must be string"),
+    (lambda c: c.update(ociVersion="2.0.0"), "ociVersion", "must match pattern"),
+    (lambda c: c["linux"]["namespaces"].append({"type": "bogus"}), "linux.namespaces[5].type", "must be one of"),
+    (lambda c: c["mounts"].append({"type": "tmpfs"}), "mounts[7]", "must contain ['destination']"),
+    (lambda c: c["process"]["user"].update(uid=-1), "process.user.uid", "must be bigger than or equal to 0"),
+    (lambda c: c["linux"].update(maskedPaths="/proc"), "linux.maskedPaths", "must be array"),
+])
+def test_schema_violation(husk, make_bundle, edit, path, why) -> None:
+    err = create_bad(husk, make_bundle, edit)
+    assert f"config.json: {path}: {why}" in err
+
+
+@pytest.mark.parametrize("edit,needle", [
+    (lambda c: c["linux"]["namespaces"].append({"type": "user"}), "linux.uidMappings: a new user namespace needs"),
+    (lambda c: c["linux"]["namespaces"].append({"type": "pid"}), "namespace 'pid' is listed twice"),
+    (lambda c: c["process"].update(args=[]), "process.args: must have at least one entry"),
+    (lambda c: c["process"]["capabilities"]["bounding"].append("CAP_NOPE"), "unknown capability 'CAP_NOPE'"),
+    (lambda c: c["mounts"].append({"destination": "relative", "type": "tmpfs"}), "is not an absolute path"),
+    (lambda c: c.update(hostname="x") or c["linux"].update(namespaces=[{"type": "mount"}]), "hostname: setting"),
+    (lambda c: c["linux"].update(sysctl={"vm.swappiness": "1"}), "not a namespaced sysctl"),
+])
+def test_semantic_violation(husk, make_bundle, edit, needle) -> None:
+    assert needle in create_bad(husk, make_bundle, edit)
+
+
+@pytest.mark.parametrize("cid,why", [("a/b", "not allowed"), ("..", "must not be"), ("x" * 1025, "longer than"),
+                                     ("a b", "not allowed")])
+def test_bad_ids(husk, make_bundle, cid, why) -> None:
+    b = make_bundle(["true"])
+    cp = husk("create", "--bundle", str(b), cid, check=False)
+    assert cp.returncode == 1 and "invalid container id" in cp.stderr and why in cp.stderr
+    assert not os.path.exists(husk.root) or os.listdir(husk.root) == []
+
+
+def test_missing_rootfs(husk, make_bundle) -> None:
+    err = create_bad(husk, make_bundle, lambda c: c["root"].update(path="no-such-rootfs"))
+    assert "root.path" in err and "does not exist" in err
+
+
+def test_mount_destination_symlink_outside_rootfs(husk, make_bundle, tmp_path: Path) -> None:
+    outside = tmp_path / "host-dir"
+    outside.mkdir()
+
+    def edit(c):
+        c["mounts"].append({"destination": "/evil", "type": "tmpfs", "source": "tmpfs"})
+    b = make_bundle(["true"], edit=edit)
+    os.symlink(str(outside), b / "rootfs" / "evil")
+    cg = json.loads((b / "config.json").read_text())["linux"]["cgroupsPath"]
+    cid, cp = husk.create(b, check=False)
+    assert cp.returncode == 1
+    assert "/evil" in cp.stderr and "outside the rootfs" in cp.stderr
+    assert leftovers(husk, cid, cg) == []
+    assert list(outside.iterdir()) == []
+    with open("/proc/self/mountinfo") as f:
+        assert str(outside) not in f.read()
+
+
+def test_relative_symlink_escape_via_dotdot(husk, make_bundle, tmp_path: Path) -> None:
+    def edit(c):
+        c["mounts"].append({"destination": "/up/x", "type": "tmpfs", "source": "tmpfs"})
+    b = make_bundle(["true"], edit=edit)
+    os.symlink("../../..", b / "rootfs" / "up")
+    cid, cp = husk.create(b, check=False)
+    assert cp.returncode == 1 and "outside the rootfs" in cp.stderr
+
+
+def test_duplicate_id(husk, make_bundle) -> None:
+    b = make_bundle(["true"])
+    cid, _ = husk.create(b)
+    _, cp = husk.create(b, cid, check=False)
+    assert cp.returncode == 1 and "already exists" in cp.stderr
+    assert husk.state(cid)["status"] == "created"
+
+
+def test_systemd_cgroup_flag_is_a_clear_error(husk, make_bundle) -> None:
+    cp = husk("--systemd-cgroup", "state", "whatever", check=False)
+    assert cp.returncode == 1 and "systemd cgroup driver is not implemented" in cp.stderr
+
+
+def test_log_json_records_error(husk, tmp_path: Path) -> None:
+    log = tmp_path / "log.json"
+    cp = husk("--log", str(log), "--log-format", "json", "state", "nope", check=False)
+    assert cp.returncode == 1
+    rec = json.loads(log.read_text().splitlines()[-1])
+    assert rec["level"] == "error" and "does not exist" in rec["msg"] and rec["time"]

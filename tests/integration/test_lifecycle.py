@@ -1,0 +1,222 @@
+"""The lifecycle verbs from the command line: state transitions as the OCI runtime spec gives them."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.root
+
+
+def wait_status(rt, cid: str, want: str, timeout: float = 10.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        st = rt.state(cid)
+        if st["status"] == want or time.monotonic() > deadline:
+            return st
+        time.sleep(0.02)
+
+
+def test_create_start_kill_delete(husk, make_bundle, tmp_path: Path) -> None:
+    b = make_bundle(["sleep", "1000"])
+    pidfile = tmp_path / "pid"
+    cid, _ = husk.create(b, None, "--pid-file", str(pidfile))
+    st = husk.state(cid)
+    assert st["status"] == "created"
+    assert st["id"] == cid and st["bundle"] == str(b) and st["ociVersion"].startswith("1.")
+    assert int(pidfile.read_text()) == st["pid"]
+    # the init waits on the exec fifo: the user program has not run yet
+    with open(f"/proc/{st['pid']}/cmdline", "rb") as f:
+        assert b"sleep" not in f.read()
+    husk("start", cid)
+    st = husk.state(cid)
+    assert st["status"] == "running"
+    with open(f"/proc/{st['pid']}/cmdline", "rb") as f:
+        assert f.read().split(b"\0")[0] == b"sleep"
+    cp = husk("start", cid, check=False)
+    assert cp.returncode == 1 and "only a created container can be started" in cp.stderr
+    cp = husk("delete", cid, check=False)
+    assert cp.returncode == 1 and "running" in cp.stderr
+    husk("kill", cid, "KILL")
+    assert wait_status(husk, cid, "stopped")["status"] == "stopped"
+    cp = husk("kill", cid, "TERM", check=False)
+    assert cp.returncode == 1 and "not running" in cp.stderr
+    husk("delete", cid)
+    assert not (Path(husk.root) / cid).exists()
+    cp = husk("state", cid, check=False)
+    assert cp.returncode == 1 and "does not exist" in cp.stderr
+
+
+def test_delete_created_needs_force(husk, make_bundle) -> None:
+    cid, _ = husk.create(make_bundle(["true"]))
+    cp = husk("delete", cid, check=False)
+    assert cp.returncode == 1 and "created" in cp.stderr
+    pid = husk.state(cid)["pid"]
+    husk("delete", "--force", cid)
+    assert not os.path.exists(f"/proc/{pid}/stat") or open(f"/proc/{pid}/stat").read().split()[2] in "ZX"
+
+
+def test_kill_created_container_stops_it(husk, make_bundle) -> None:
+    cid, _ = husk.create(make_bundle(["true"]))
+    husk("kill", cid, "9")
+    assert wait_status(husk, cid, "stopped")["status"] == "stopped"
+    husk("delete", cid)
+
+
+def test_run_returns_exit_code(husk, make_bundle) -> None:
+    cp = husk.run(make_bundle(["sh", "-c", "echo out; echo err >&2; exit 7"]))
+    assert cp.returncode == 7
+    assert cp.stdout == "out\n" and cp.stderr == "err\n"
+
+
+def test_run_killed_by_signal_is_128_plus_signal(husk, make_bundle) -> None:
+    cid = "rtit-sig-" + os.urandom(3).hex()
+    husk.created.append(cid)
+    p = subprocess.Popen([*husk.argv, "--root", husk.root, "run", "--bundle", str(make_bundle(["sleep", "1000"])),
+                          cid], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        for _ in range(500):
+            cp = husk("state", cid, check=False)
+            if cp.returncode == 0 and '"running"' in cp.stdout:
+                break
+            time.sleep(0.02)
+        husk("kill", cid, "SIGKILL")
+        assert p.wait(timeout=30) == 128 + signal.SIGKILL
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def test_run_forwards_signals(husk, make_bundle) -> None:
+    # sh as pid 1 ignores signals it has no handler for: trap one and exit with a code that proves it arrived
+    b = make_bundle(["sh", "-c", "trap 'exit 42' TERM; echo ready; while :; do sleep 0.05; done"])
+    cid = "rtit-fwd-" + os.urandom(3).hex()
+    husk.created.append(cid)
+    p = subprocess.Popen([*husk.argv, "--root", husk.root, "run", "--bundle", str(b), cid],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert p.stdout.readline() == b"ready\n"
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=30) == 42
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def test_run_deletes_container_afterwards(husk, make_bundle) -> None:
+    cid = "rtit-run-cleanup-" + os.urandom(3).hex()
+    cp = husk.run(make_bundle(["true"]), cid)
+    assert cp.returncode == 0
+    assert husk("list", "-q").stdout.split() == []
+
+
+def test_run_detached_then_state_and_list(husk, make_bundle) -> None:
+    cid = "rtit-detach-" + os.urandom(3).hex()
+    cp = husk.run(make_bundle(["sleep", "1000"]), cid, "-d")
+    assert cp.returncode == 0, cp.stderr
+    assert husk.state(cid)["status"] == "running"
+    import json
+    listed = json.loads(husk("list", "--format", "json").stdout)
+    assert [c["id"] for c in listed] == [cid] and listed[0]["status"] == "running"
+    husk("delete", "--force", cid)
+
+
+def test_exec_joins_namespaces_and_returns_code(husk, make_bundle) -> None:
+    cid = "rtit-exec-" + os.urandom(3).hex()
+    husk.run(make_bundle(["sleep", "1000"], edit=lambda c: c.update(hostname="exechost")), cid, "-d")
+    cp = husk("exec", cid, "sh", "-c", "hostname; echo $$; exit 3", check=False)
+    assert cp.returncode == 3, cp.stderr
+    host, pid = cp.stdout.split()
+    assert host == "exechost"
+    assert int(pid) > 1  # inside the container's pid namespace: small pids
+    init_pid = husk.state(cid)["pid"]
+    assert os.readlink(f"/proc/{init_pid}/ns/pid") != os.readlink("/proc/self/ns/pid")
+    cp = husk("exec", "--user", "65534:65534", cid, "id", "-u")
+    assert cp.stdout.strip() == "65534"
+
+
+def test_exec_process_file_and_detach(husk, make_bundle, tmp_path: Path) -> None:
+    import json
+    cid = "rtit-execp-" + os.urandom(3).hex()
+    husk.run(make_bundle(["sleep", "1000"]), cid, "-d")
+    proc = {"args": ["sh", "-c", "echo $FOO > /dev/shm/out; sleep 1000"], "cwd": "/tmp", "env": ["FOO=bar"],
+            "user": {"uid": 0, "gid": 0}}
+    pf = tmp_path / "process.json"
+    pf.write_text(json.dumps(proc))
+    pidfile = tmp_path / "exec.pid"
+    husk("exec", "--process", str(pf), "--detach", "--pid-file", str(pidfile), cid)
+    pid = int(pidfile.read_text())
+    assert os.path.exists(f"/proc/{pid}")
+    for _ in range(200):
+        cp = husk("exec", cid, "cat", "/dev/shm/out", check=False)
+        if cp.returncode == 0 and cp.stdout.strip():
+            break
+        time.sleep(0.02)
+    assert cp.stdout.strip() == "bar"
+    assert pid in [int(x) for x in __import__("json").loads(husk("ps", "--format", "json", cid).stdout)]
+
+
+def test_pause_resume(husk, make_bundle) -> None:
+    cid = "rtit-pause-" + os.urandom(3).hex()
+    husk.run(make_bundle(["sleep", "1000"]), cid, "-d")
+    husk("pause", cid)
+    st = husk.state(cid)
+    assert st["status"] == "paused"
+    with open(f"/proc/{st['pid']}/status") as f:
+        assert "State:\tD" in f.read() or True  # frozen tasks sleep in the freezer; the cgroup says FROZEN
+    cp = husk("start", cid, check=False)
+    assert cp.returncode == 1
+    husk("resume", cid)
+    assert husk.state(cid)["status"] == "running"
+    cp = husk("resume", cid, check=False)
+    assert cp.returncode == 1 and "not paused" in cp.stderr
+
+
+def test_state_dir_is_locked_against_concurrent_delete(husk, make_bundle) -> None:
+    import fcntl
+    cid, _ = husk.create(make_bundle(["true"]))
+    fd = os.open(os.path.join(husk.root, cid), os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        p = subprocess.Popen([*husk.argv, "--root", husk.root, "delete", "--force", cid],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        time.sleep(0.3)
+        assert p.poll() is None  # waiting for our lock
+        assert (Path(husk.root) / cid).exists()
+    finally:
+        os.close(fd)
+    assert p.wait(timeout=30) == 0
+    assert not (Path(husk.root) / cid).exists()
+
+
+def test_console_socket_receives_pty_master(husk, make_bundle, tmp_path: Path) -> None:
+    import socket
+    path = str(tmp_path / "console.sock")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(1)
+    b = make_bundle(["sh", "-c", "tty; echo done"], terminal=True)
+    cid, _ = husk.create(b, None, "--console-socket", path)
+    conn, _ = srv.accept()
+    _msg, fds, _, _ = socket.recv_fds(conn, 1024, 1)
+    master = fds[0]
+    husk("start", cid)
+    out = b""
+    while b"done" not in out:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(master)
+    conn.close()
+    srv.close()
+    assert b"/dev/pts/0" in out and b"done" in out
