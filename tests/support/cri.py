@@ -86,7 +86,7 @@ class CriDaemon:
     """One husk-cri: `start()`, `kill9()`, `stop()`, stubs, `cleanup()`."""
 
     def __init__(self, base: str, network: PodNetwork, registry_config_dir: str, sandbox_image: str,
-                 runtime: str = "runc") -> None:
+                 runtime: str = os.environ.get("HUSK_TEST_CRI_RUNTIME", "in-process")) -> None:
         self.tag = uuid.uuid4().hex[:8]
         self.base = base
         self.root = os.path.join(base, "root")
@@ -96,6 +96,9 @@ class CriDaemon:
         self.cgroup_parent = f"/hct-{self.tag}"
         self.network = network
         self.runtime = runtime
+        # The binary that lists and force-deletes this daemon's containers in cleanup.
+        self.runtime_binary = os.path.join(os.path.dirname(sys.executable), "husk") \
+            if runtime in ("in-process", "husk") else runtime
         self.log_path = os.path.join(base, "husk-cri.log")
         self.config_path = os.path.join(base, "cri.toml")
         with open(self.config_path, "w") as f:
@@ -199,8 +202,8 @@ class CriDaemon:
         self.remove_all_pods()
         self.stop()
         self._kill_our_processes()
-        for cid in self._runc_ids():
-            sh("runc", "--root", self.runtime_root, "delete", "--force", cid, check=False)
+        for cid in self.runtime_ids():
+            sh(self.runtime_binary, "--root", self.runtime_root, "delete", "--force", cid, check=False)
         from cri_server import fsutil
         from cri_server.network import netns
         netns_dir = os.path.join(self.state, "netns")
@@ -213,10 +216,10 @@ class CriDaemon:
                 shutil.rmtree(d, ignore_errors=True)
         remove_cgroup_tree(self.cgroup_parent)
 
-    def _runc_ids(self) -> list[str]:
+    def runtime_ids(self) -> list[str]:
         if not os.path.isdir(self.runtime_root):
             return []
-        out = sh("runc", "--root", self.runtime_root, "list", "-q", check=False).stdout
+        out = sh(self.runtime_binary, "--root", self.runtime_root, "list", "-q", check=False).stdout
         return [x for x in out.split() if x]
 
     def _kill_our_processes(self) -> None:

@@ -76,7 +76,7 @@ def leftovers(cri: CriDaemon) -> dict[str, list[str]]:
         out["root-" + sub] = sorted(os.listdir(d)) if os.path.isdir(d) else []
     active = os.path.join(cri.root, "images", "snapshots", "active")
     out["snapshots"] = sorted(os.listdir(active)) if os.path.isdir(active) else []
-    out["runc"] = cri._runc_ids()
+    out["runtime"] = cri.runtime_ids()
     out["mounts"] = [m for m in fsutil.mounts_under(cri.state) + fsutil.mounts_under(cri.root)]
     out["shim_pids"] = [str(p) for p in cri.shim_pids()]
     return out
