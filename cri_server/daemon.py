@@ -46,10 +46,23 @@ def clear_stale_socket(path: str) -> None:
     raise StartupError(f"another server is listening on {path}")
 
 
+def _preload_for_shims() -> None:
+    """Modules the in-process runtime imports lazily, loaded here so the zygote (a fork of this process) and
+    every shim forked from it have them: the container's init imports them after pivot_root, where the
+    host's Python library directory is out of reach ("No module named '_sha256'" for a seccomp profile)."""
+    import importlib
+    for name in ("runtime.seccomp", "runtime.seccomp_lib", "_sha256", "_sha2", "hashlib"):
+        try:
+            importlib.import_module(name)
+        except (ImportError, OSError):
+            pass
+
+
 def start_spawner(config: Config) -> Any:
     """The single-threaded shim spawner (a zygote with shim/ and runtime/ imported), forked before grpc is
     imported and before any thread exists: every shim is forked from it, never from this process."""
     from shim.spawner import Spawner, SpawnError
+    _preload_for_shims()
     spawner = Spawner()
     try:
         spawner.start()
