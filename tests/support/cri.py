@@ -101,6 +101,7 @@ class CriDaemon:
             if runtime in ("in-process", "husk") else runtime
         self.log_path = os.path.join(base, "husk-cri.log")
         self.config_path = os.path.join(base, "cri.toml")
+        os.makedirs(base, exist_ok=True)
         with open(self.config_path, "w") as f:
             f.write("\n".join([
                 "[server]", f'listen = "{self.socket}"', 'log_level = "debug"', 'log_format = "text"',
