@@ -328,6 +328,43 @@ def update(ctx: click.Context, resources: str | None, container_id: str) -> None
     _finish(ctx, c.guard(g, do))
 
 
+@cli.command()
+@click.pass_context
+def features(ctx: click.Context) -> None:
+    """Print what this runtime supports (the runtime-spec features JSON)."""
+    g = _g(ctx)
+
+    def do() -> int:
+        import importlib.util
+        import os
+        from runtime import config, rootfs
+        from runtime.state import dumps_json
+        seccomp = importlib.util.find_spec("runtime.seccomp") is not None
+        namespaces = ["cgroup", "ipc", "mount", "network", "pid", "user", "uts"]
+        if os.path.exists("/proc/self/ns/time"):
+            namespaces.append("time")
+        opts = sorted(set(rootfs._FLAGS) | set(rootfs.PROPAGATION) | set(rootfs._RATTRS))
+        click.echo(dumps_json({
+            "ociVersionMin": "1.0.0",
+            "ociVersionMax": "1.3.0",
+            "hooks": list(config.HOOK_KINDS),
+            "mountOptions": opts,
+            "linux": {
+                "namespaces": namespaces,
+                "capabilities": list(config.CAPABILITIES),
+                "cgroup": {"v1": True, "v2": True, "systemd": False, "systemdUser": False, "rdma": False},
+                "seccomp": {"enabled": seccomp},
+                "apparmor": {"enabled": True},
+                "selinux": {"enabled": False},
+                "intelRdt": {"enabled": False},
+                "mountExtensions": {"idmap": {"enabled": False}},
+            },
+            "annotations": {"org.husk.version": VERSION},
+        }, indent=2))
+        return 0
+    _finish(ctx, c.guard(g, do))
+
+
 def run_click(args: list[str]) -> int:
     try:
         rc = cli.main(args=args, prog_name="husk", standalone_mode=False)

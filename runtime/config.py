@@ -205,10 +205,11 @@ def _check_linux(cfg: Config) -> None:
         raise ConfigError("linux.uidMappings", "uid/gid mappings are given but no new user namespace is requested")
     if linux.get("timeOffsets") and not cfg.new_ns("time"):
         raise ConfigError("linux.timeOffsets", "time offsets need a new time namespace")
-    if cfg.raw.get("hostname") and not cfg.new_ns("uts"):
-        raise ConfigError("hostname", "setting the hostname needs a new uts namespace")
-    if cfg.raw.get("domainname") and not cfg.new_ns("uts"):
-        raise ConfigError("domainname", "setting the domainname needs a new uts namespace")
+    # a uts namespace joined by path is allowed too (runc sets the name in it)
+    if cfg.raw.get("hostname") and cfg.ns("uts") is None:
+        raise ConfigError("hostname", "setting the hostname needs a uts namespace")
+    if cfg.raw.get("domainname") and cfg.ns("uts") is None:
+        raise ConfigError("domainname", "setting the domainname needs a uts namespace")
     for key in (linux.get("sysctl") or {}):
         where = f"linux.sysctl.{key}"
         if key.startswith("net."):
@@ -243,8 +244,24 @@ def _check_linux(cfg: Config) -> None:
         except ImportError:
             raise ConfigError("linux.seccomp", "seccomp support (runtime.seccomp) is not installed") from None
         seccomp.validate(linux["seccomp"])
-    if linux.get("intelRdt"):
-        raise ConfigError("linux.intelRdt", "Intel RDT is not supported by husk")
+    for key in ("intelRdt", "netDevices", "memoryPolicy"):
+        if linux.get(key):
+            raise ConfigError(f"linux.{key}", "is not supported by husk")
+    if (linux.get("personality") or {}).get("flags"):
+        raise ConfigError("linux.personality.flags", "personality flags are not supported by husk")
+    sched = (cfg.process.get("scheduler") or {})
+    if sched and (sched.get("policy") == "SCHED_DEADLINE" or sched.get("flags") or sched.get("runtime")
+                  or sched.get("deadline")):
+        raise ConfigError("process.scheduler", "SCHED_DEADLINE, flags, runtime and deadline need sched_setattr, "
+                                               "which husk does not implement")
+    aff = cfg.process.get("execCPUAffinity") or {}
+    for k in ("initial", "final"):
+        if aff.get(k):
+            from runtime.process import parse_cpu_list
+            try:
+                parse_cpu_list(aff[k])
+            except ValueError as e:
+                raise ConfigError(f"process.execCPUAffinity.{k}", f"{aff[k]!r}: {e}") from None
     if linux.get("personality"):
         dom = linux["personality"].get("domain")
         if dom not in ("LINUX", "LINUX32"):

@@ -22,8 +22,11 @@ if TYPE_CHECKING:
 def run(ctx: "CreateContext", chan: "Channel") -> None:
     fifo_w = -1
     try:
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        # As pid 1 of its namespace the init only receives signals it handles; runc's init (Go) handles them all,
+        # so `kill ID TERM` ends a created container there. Do the same until the user process is exec'd
+        # (execve resets handled signals to their defaults).
+        for sig in TERMINATING:
+            signal.signal(sig, _exit_on_signal)
         os.setsid()
         fifo_path = _setup(ctx, chan)
         chan.send("ready")
@@ -60,6 +63,14 @@ def preload(cfg_raw: dict) -> None:
         from runtime import console  # noqa: F401
     if (cfg_raw.get("linux") or {}).get("seccomp"):
         from runtime import seccomp  # noqa: F401
+
+
+TERMINATING = (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2,
+               signal.SIGALRM)
+
+
+def _exit_on_signal(sig: int, _frame: object) -> None:
+    os._exit(128 + sig)
 
 
 def _setup(ctx: "CreateContext", chan: "Channel") -> str:
@@ -117,6 +128,10 @@ def _setup(ctx: "CreateContext", chan: "Channel") -> str:
     if proc.get("oomScoreAdj") is not None:
         from runtime.process import set_oom_score_adj
         set_oom_score_adj(proc["oomScoreAdj"])
+    if proc.get("rlimits"):
+        # before "ready", as runc does: a limit the host cannot grant fails create, not start
+        from runtime.process import set_rlimits
+        set_rlimits(proc["rlimits"])
     if not ctx.no_new_keyring:
         try:
             sc.join_session_keyring(f"_ses.{ctx.container_id}")
@@ -136,7 +151,8 @@ def _start(ctx: "CreateContext", fifo_w: int) -> None:
         hk.run("startContainer", cfg.hooks["startContainer"], ctx.hook_state(ctx.host_pid, "created"),
                container_id=ctx.container_id)
     from runtime.process import exec_process
-    exec_process(cfg.process, ctx.exe, ctx.env, seccomp=cfg.linux.get("seccomp"), preserve_fds=ctx.preserve_fds)
+    exec_process(cfg.process, ctx.exe, ctx.env, seccomp=cfg.linux.get("seccomp"), preserve_fds=ctx.preserve_fds,
+                 rlimits_set=True, personality=cfg.linux.get("personality"))
 
 
 def _console(ctx: "CreateContext", fs: rfs.RootFs, proc: dict) -> None:

@@ -20,7 +20,11 @@ SIGKILL = 9  # not signal.SIGKILL: the signal module builds enums on import (~4 
 def create(root: str, container_id: str, bundle: str, *, console_socket: str | None = None,
            pid_file: str | None = None, no_pivot: bool = False, no_new_keyring: bool = False,
            preserve_fds: int = 0) -> int:
-    """Sets up the container and returns the init's host pid; the init stays blocked until start()."""
+    """Sets up the container and returns the init's host pid; the init stays blocked until start().
+
+    The calling process becomes a child subreaper (so a failed create can reap what it started); call it in a
+    process that exits afterwards (the CLI, or a fork of the shim): the init then moves to the next subreaper
+    up. The container's stdio is the caller's fds 0/1/2 (and 3.. with preserve_fds)."""
     from runtime import config, parent
     st.validate_id(container_id)
     bundle = os.path.abspath(bundle)
@@ -64,11 +68,10 @@ def _release(fifo: str, rec: st.Record) -> str | None:
     """Opens the fifo for reading (unblocking the init) and reads until the init execs (EOF).
     Returns None on success, else the init's error message."""
     import select
-    from runtime.linux import syscalls as sc
     fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         try:
-            pidfd = sc.pidfd_open(rec.pid)
+            pidfd = os.pidfd_open(rec.pid)  # os's, not ctypes': `start` then needs no ctypes import
         except OSError:
             return "the container init is gone"
         try:
@@ -120,16 +123,16 @@ def kill(root: str, container_id: str, sig: int, all: bool = False) -> None:
 
 
 def _signal_init(rec: st.Record, sig: int) -> None:
-    from runtime.linux import syscalls as sc
+    import _signal  # the C module: pidfd_send_signal without building the signal enums
     try:
-        pidfd = sc.pidfd_open(rec.pid)
+        pidfd = os.pidfd_open(rec.pid)
     except ProcessLookupError:
         raise InvalidState(f"container {rec.id!r} is not running") from None
     try:
         # the pidfd pins the process: check it is still our init (not a reused pid) before signalling
         if not st.init_alive(rec):
             raise InvalidState(f"container {rec.id!r} is not running")
-        sc.pidfd_send_signal(pidfd, sig)
+        _signal.pidfd_send_signal(pidfd, sig)
     finally:
         os.close(pidfd)
 
@@ -191,9 +194,8 @@ def _destroy(mgr: Any) -> None:
 
 def _wait_gone(rec: st.Record, timeout: float = 10.0) -> None:
     import select
-    from runtime.linux import syscalls as sc
     try:
-        pidfd = sc.pidfd_open(rec.pid)
+        pidfd = os.pidfd_open(rec.pid)
     except ProcessLookupError:
         return
     try:
@@ -253,7 +255,8 @@ def processes(root: str, container_id: str) -> list[int]:
 def exec_process(root: str, container_id: str, process: dict[str, Any], *, console_socket: str | None = None,
                  pid_file: str | None = None, detach: bool = False, preserve_fds: int = 0,
                  cgroup: str | None = None) -> int:
-    """Runs `process` (an OCI process object) inside the container; detach: its pid, else its exit code."""
+    """Runs `process` (an OCI process object) inside the container; detach: its pid, else its exit code.
+    Like create, this makes the caller a child subreaper."""
     from runtime import execute
     return execute.exec_process(root, container_id, process, console_socket=console_socket, pid_file=pid_file,
                                 detach=detach, preserve_fds=preserve_fds, cgroup=cgroup)

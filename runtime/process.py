@@ -104,6 +104,60 @@ def set_apparmor(profile: str) -> None:
             raise SetupError(f"apply AppArmor profile {profile!r}: {e.strerror}") from None
 
 
+_POLICIES = {"SCHED_OTHER": 0, "SCHED_FIFO": 1, "SCHED_RR": 2, "SCHED_BATCH": 3, "SCHED_IDLE": 5}
+_IOPRIO_CLASSES = {"IOPRIO_CLASS_RT": 1, "IOPRIO_CLASS_BE": 2, "IOPRIO_CLASS_IDLE": 3}
+
+
+def apply_scheduling(proc: dict[str, Any], personality: dict[str, Any] | None = None) -> None:
+    """process.scheduler, ioPriority, execCPUAffinity and linux.personality: all survive execve."""
+    sched = proc.get("scheduler")
+    if sched:
+        policy = sched["policy"]
+        if policy not in _POLICIES or sched.get("flags") or sched.get("runtime") or sched.get("deadline"):
+            raise SetupError(f"process.scheduler: policy {policy} with flags/runtime/deadline is not supported "
+                             f"by husk (sched_setattr); use SCHED_OTHER/FIFO/RR/BATCH/IDLE with priority and nice")
+        try:
+            os.sched_setscheduler(0, _POLICIES[policy], os.sched_param(sched.get("priority", 0)))
+            if sched.get("nice") is not None:
+                os.setpriority(os.PRIO_PROCESS, 0, sched["nice"])
+        except OSError as e:
+            raise SetupError(f"process.scheduler {policy}: {e.strerror}") from None
+    prio = proc.get("ioPriority")
+    if prio:
+        try:
+            sc.ioprio_set(_IOPRIO_CLASSES[prio["class"]], prio.get("priority", 0))
+        except OSError as e:
+            raise SetupError(f"process.ioPriority: {e.strerror}") from None
+    aff = proc.get("execCPUAffinity")
+    cpus = (aff or {}).get("final") or (aff or {}).get("initial")
+    if cpus:
+        try:
+            os.sched_setaffinity(0, parse_cpu_list(cpus))
+        except (OSError, ValueError) as e:
+            raise SetupError(f"process.execCPUAffinity {cpus!r}: {getattr(e, 'strerror', None) or e}") from None
+    if personality:
+        if personality.get("flags"):
+            raise SetupError("linux.personality.flags are not supported by husk")
+        persona = sc.PER_LINUX32 if personality.get("domain") == "LINUX32" else sc.PER_LINUX
+        try:
+            sc.personality(persona)
+        except OSError as e:
+            raise SetupError(f"linux.personality: {e.strerror}") from None
+
+
+def parse_cpu_list(text: str) -> set[int]:
+    """'0-2,4' -> {0, 1, 2, 4}"""
+    out: set[int] = set()
+    for part in text.replace(" ", "").split(","):
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    if not out:
+        raise ValueError("empty cpu list")
+    return out
+
+
 def switch_user(user: dict[str, Any]) -> None:
     uid, gid = user.get("uid", 0), user.get("gid", 0)
     sc.set_keepcaps(True)
@@ -132,13 +186,15 @@ def build_env(proc: dict[str, Any], extra: dict[str, str] | None = None) -> dict
 
 
 def exec_process(proc: dict[str, Any], path: str, env: dict[str, str], *, seccomp: dict[str, Any] | None,
-                 preserve_fds: int, keep_fds: tuple[int, ...] = ()) -> None:
+                 preserve_fds: int, keep_fds: tuple[int, ...] = (), rlimits_set: bool = False,
+                 personality: dict[str, Any] | None = None) -> None:
     """Applies user, caps, no_new_privs, umask and cwd, then seccomp (last) and execve. Never returns."""
     from runtime import capabilities
     caps = proc.get("capabilities") or {}
     user = proc.get("user") or {}
-    if proc.get("rlimits"):
+    if proc.get("rlimits") and not rlimits_set:
         set_rlimits(proc["rlimits"])
+    apply_scheduling(proc, personality)
     capabilities.drop_bounding(caps)
     switch_user(user)
     capabilities.apply(caps)

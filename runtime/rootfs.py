@@ -306,7 +306,8 @@ class RootFs:
         top = self.host_path(dest)  # a tmpfs we just created: nothing in it can be a hostile symlink
         mounts: dict[str, str] = {}
         for ctrl, mnt in hierarchies().items():
-            mounts.setdefault(mnt, ctrl)
+            if ctrl != "unified":  # as runc 1.1: the hybrid host's cgroup2 tree is not shown in the container
+                mounts.setdefault(mnt, ctrl)
         for mnt in mounts:
             name = os.path.basename(mnt)
             sub = os.path.join(top, name)
@@ -515,16 +516,6 @@ def _locked_flags(path: str) -> int:
         if f & st_flag:
             out |= ms_flag
     return out
-
-
-def _mount_point_of(path: str) -> str:
-    best = "/"
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            mp = line.split()[4]
-            if (path == mp or path.startswith(mp.rstrip("/") + "/")) and len(mp) > len(best):
-                best = mp
-    return best
 
 
 def _cgroup_mount_opts(mnt: str) -> str:

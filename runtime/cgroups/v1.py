@@ -21,12 +21,19 @@ USER_HZ = 100
 
 
 def hierarchies() -> dict[str, str]:
-    """controller (or name=X) -> mount point of its v1 hierarchy, from /proc/self/mountinfo."""
+    """controller (or name=X) -> mount point of its v1 hierarchy, from /proc/self/mountinfo. On a hybrid host
+    the cgroup2 mount (e.g. /sys/fs/cgroup/unified) is included as "unified": runc places containers there
+    too (for process tracking; no limits are written to it)."""
     found: dict[str, str] = {}
     with open("/proc/self/mountinfo") as f:
         for line in f:
             left, _, right = line.partition(" - ")
             rfields = right.split()
+            if len(rfields) >= 1 and rfields[0] == "cgroup2":
+                mnt = left.split()[4]
+                if mnt.startswith(CGROUP_ROOT + "/"):
+                    found.setdefault("unified", mnt)
+                continue
             if len(rfields) < 3 or rfields[0] != "cgroup":
                 continue
             mnt = left.split()[4]
@@ -161,7 +168,7 @@ class V1Manager:
                 with open(path, "w") as f:
                     f.write(str(pid))
             except FileNotFoundError:
-                continue  # hierarchy without this cgroup (created before the hierarchy was mounted)
+                raise SetupError(f"add pid {pid} to cgroup {self.path}: {d} does not exist") from None
             except OSError as e:
                 raise SetupError(f"add pid {pid} to {path}: {e.strerror}") from None
 

@@ -408,3 +408,22 @@ KEYCTL_JOIN_SESSION_KEYRING = 1
 def join_session_keyring(name: str) -> None:
     _check(_libc.syscall(SYS_keyctl, ctypes.c_int(KEYCTL_JOIN_SESSION_KEYRING), _fs(name)),
            "keyctl(JOIN_SESSION_KEYRING)")
+
+
+# --- personality, ioprio -----------------------------------------------------------------
+SYS_personality = 135
+SYS_ioprio_set = 251
+PER_LINUX = 0x0000
+PER_LINUX32 = 0x0008
+IOPRIO_WHO_PROCESS = 1
+IOPRIO_CLASS_SHIFT = 13
+
+
+def personality(persona: int) -> int:
+    return _check(_libc.syscall(SYS_personality, ctypes.c_ulong(persona)), "personality")
+
+
+def ioprio_set(ioclass: int, level: int) -> None:
+    value = (ioclass << IOPRIO_CLASS_SHIFT) | level
+    _check(_libc.syscall(SYS_ioprio_set, ctypes.c_int(IOPRIO_WHO_PROCESS), ctypes.c_int(0), ctypes.c_int(value)),
+           "ioprio_set")

@@ -45,6 +45,20 @@ def test_rlimits(husk, make_bundle) -> None:
     assert out(husk, make_bundle, "ulimit -Sn; ulimit -Hn; ulimit -c", edit).split() == ["321", "654", "0"]
 
 
+def test_rlimit_above_the_hard_limit_fails_create(husk, make_bundle) -> None:
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:
+        pytest.skip("no finite hard limit to exceed")
+    b = make_bundle(["true"], edit=lambda c: c["process"].update(
+        rlimits=[{"type": "RLIMIT_NOFILE", "soft": hard + 1, "hard": hard + 1}]))
+    cid, cp = husk.create(b, check=False)
+    if cp.returncode == 0:
+        pytest.skip("this host lets root raise hard limits (CAP_SYS_RESOURCE)")
+    assert "RLIMIT_NOFILE" in cp.stderr and "CAP_SYS_RESOURCE" in cp.stderr
+    assert not (Path(husk.root) / cid).exists()
+
+
 def _status(text: str) -> dict[str, str]:
     return dict(line.split(":\t", 1) for line in text.splitlines() if ":\t" in line)
 
@@ -103,6 +117,13 @@ def test_join_existing_namespace_by_path(husk, make_bundle) -> None:
         c.pop("hostname", None)
     text = out(husk, make_bundle, "hostname; readlink /proc/self/ns/net", edit).split()
     assert text[0] == "owner"
+    # a hostname may be set in a joined uts namespace (runc allows it; the suite checks it)
+    def edit2(c):
+        edit(c)
+        c["hostname"] = "renamed"
+    assert out(husk, make_bundle, "hostname", edit2).split() == ["renamed"]
+    cp = husk("exec", cid, "hostname")
+    assert cp.stdout.strip() == "renamed"
     assert text[1] == os.readlink(f"/proc/{owner}/ns/net")
 
 

@@ -231,3 +231,25 @@ def test_relative_cgroups_path_is_under_our_own_cgroup(husk, make_bundle) -> Non
             d.rmdir()
         except OSError:
             pass
+
+
+def test_scheduler_ioprio_affinity_personality(husk, make_bundle) -> None:
+    def edit(c):
+        c["process"]["scheduler"] = {"policy": "SCHED_BATCH", "nice": 5}
+        c["process"]["ioPriority"] = {"class": "IOPRIO_CLASS_IDLE", "priority": 0}
+        c["process"]["execCPUAffinity"] = {"final": "0"}
+        c["linux"]["personality"] = {"domain": "LINUX32"}
+    text = run_ok(husk, make_bundle, "grep -E '^Cpus_allowed_list' /proc/self/status; "
+                  "awk '{print $19, $41}' /proc/self/stat; uname -m", edit)
+    lines = text.splitlines()
+    assert lines[0].split()[1] == "0"
+    nice, policy = lines[1].split()
+    assert nice == "5" and policy == "3"  # SCHED_BATCH
+    assert lines[2] in ("i686", "i386")  # PER_LINUX32 makes uname report a 32-bit machine
+
+
+def test_unsupported_features_are_config_errors(husk, make_bundle) -> None:
+    for edit, where in ((lambda c: c["linux"].update(netDevices={"eth1": {}}), "linux.netDevices"),
+                        (lambda c: c["process"].update(scheduler={"policy": "SCHED_DEADLINE"}), "process.scheduler")):
+        cid, cp = husk.create(make_bundle(["true"], edit=edit), check=False)
+        assert cp.returncode == 1 and where in cp.stderr and "not" in cp.stderr

@@ -11,7 +11,7 @@ LINES = [
     ["--root", "/run/containerd/runc/k8s.io", "--log", "/b/log.json", "--log-format", "json", "create",
      "--bundle", "/b", "--pid-file", "/b/init.pid", "c1"],
     ["--root", "/r", "--log", "/b/log.json", "--log-format", "json", "create", "--bundle", "/b", "--pid-file",
-     "/b/init.pid", "--console-socket", "/tmp/pty.sock", "--no-pivot", "--no-new-keyring", "--preserve-fds", "2",
+     "/b/init.pid", "--console-socket", "/run/pty.sock", "--no-pivot", "--no-new-keyring", "--preserve-fds", "2",
      "c1"],
     ["--systemd-cgroup", "create", "--bundle", "/b", "--pid-file", "/p", "c1"],
     ["create", "-b", "/b", "c1"],
@@ -39,8 +39,9 @@ DECLINED = [
 def click_parse(args: list[str]) -> tuple[dict, str, dict]:
     """The (globals, verb, params) click would produce for `args`, without running the command."""
     ctx = commands.cli.make_context("husk", list(args), resilient_parsing=False)
-    sub = ctx.protected_args[0] if ctx.protected_args else ctx.args[0]
-    rest = (ctx.protected_args[1:] + ctx.args) if ctx.protected_args else ctx.args[1:]
+    # click 8.2 keeps the subcommand in the private _protected_args; click 9 puts everything in args
+    remaining = list(getattr(ctx, "_protected_args", None) or []) + list(ctx.args)
+    sub, rest = remaining[0], remaining[1:]
     cmd = commands.cli.get_command(ctx, sub)
     sctx = cmd.make_context(sub, list(rest), parent=ctx)
     g = {k: v for k, v in ctx.params.items() if k != "rootless"}

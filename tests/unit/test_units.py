@@ -106,3 +106,13 @@ def test_semantic_errors_name_the_field(edit, where: str) -> None:
     with pytest.raises(ConfigError) as info:
         _check(edit)
     assert info.value.path == where
+
+
+def test_features_json() -> None:
+    import subprocess
+    import sys
+    cp = subprocess.run([sys.executable, "-m", "runtime.cli", "features"], capture_output=True, text=True, check=True)
+    f = json.loads(cp.stdout)
+    assert f["ociVersionMin"] == "1.0.0" and "poststop" in f["hooks"] and "rbind" in f["mountOptions"]
+    assert f["linux"]["mountExtensions"]["idmap"]["enabled"] is False  # honest: containerd 2 gates on this
+    assert "CAP_SYS_ADMIN" in f["linux"]["capabilities"]
