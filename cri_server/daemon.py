@@ -118,14 +118,15 @@ async def serve(config: Config, policy: oom.OomScorePolicy, spawner: Any = None,
     from cri_server.tasks import TaskMonitor
 
     store = Store(config.db_path)
+    runtime = default_runtime(config)
     services = Services(
         config=config, store=store, oom=policy,
         cni=CniManager(config.cni.conf_dir, config.cni.bin_dirs, config.cni_cache_dir, config.cni.plugin_timeout),
         settings=RuntimeSettings(pod_cidr=store.get_meta("pod_cidr")),
         images=ImageService(config.paths.root, config.registry.config_dir),
         shims=ShimManager(config.paths.state, config.runtime.runtime_root, spawner,
-                          debug=config.server.log_level.lower() == "debug"),
-        host=HostInfo.detect(policy), default_runtime=default_runtime(config))
+                          debug=config.server.log_level.lower() == "debug", default_runtime=runtime),
+        host=HostInfo.detect(policy), default_runtime=runtime)
     services.tasks = TaskMonitor(services)
     await recovery.recover(services)
     services.streaming = make_server(services)

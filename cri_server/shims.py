@@ -34,14 +34,23 @@ class ShimGone(Exception):
 
 
 class ShimManager:
-    def __init__(self, state_dir: str, runtime_root: str, spawner: Any = None, debug: bool = False) -> None:
+    def __init__(self, state_dir: str, runtime_root: str, spawner: Any = None, debug: bool = False,
+                 default_runtime: str = "") -> None:
         self.base = os.path.join(state_dir, SHIMS_DIR)
         self.runtime_root = runtime_root
+        self.default_runtime = default_runtime
         self.spawner = spawner
         self.debug = debug
         self._clients: dict[str, Any] = {}
         self._connecting: dict[str, asyncio.Future[Any]] = {}
         os.makedirs(self.base, mode=0o711, exist_ok=True)
+
+    def root_for(self, runtime: str) -> str:
+        """The --root of `runtime`: the configured one for the default runtime, a sibling for every other
+        (two runtimes must not share a state directory)."""
+        if not runtime or runtime == self.default_runtime:
+            return self.runtime_root
+        return f"{self.runtime_root}-{os.path.basename(runtime)}"
 
     def paths(self, object_id: str) -> ShimPaths:
         d = os.path.join(self.base, object_id)
@@ -54,7 +63,7 @@ class ShimManager:
         p = self.paths(object_id)
         os.makedirs(p.dir, mode=0o711, exist_ok=True)
         cfg = ShimConfig(id=object_id, address=p.socket, state_dir=p.dir, namespace="k8s.io", runtime=runtime,
-                         runtime_root=self.runtime_root, bundle=bundle, allowed_uids=(0,))
+                         runtime_root=self.root_for(runtime), bundle=bundle, allowed_uids=(0,))
         loop = asyncio.get_running_loop()
         if self.spawner is not None and self.spawner.pid:
             from shim.spawner import SpawnError

@@ -219,7 +219,7 @@ async def force_delete(svc: "Services", object_id: str, runtime: str) -> None:
     else:
         binary = runtime
     try:
-        proc = await asyncio.create_subprocess_exec(binary, "--root", svc.config.runtime.runtime_root, "delete",
+        proc = await asyncio.create_subprocess_exec(binary, "--root", svc.need_shims().root_for(runtime), "delete",
                                                     "--force", object_id, stdin=asyncio.subprocess.DEVNULL,
                                                     stdout=asyncio.subprocess.DEVNULL,
                                                     stderr=asyncio.subprocess.PIPE)

@@ -92,7 +92,7 @@ class CriDaemon:
         self.root = os.path.join(base, "root")
         self.state = f"/run/hct-{self.tag}"          # short: unix socket paths, netns pins, bundles
         self.socket = os.path.join(self.state, "cri.sock")
-        self.runtime_root = os.path.join(self.state, "runc")
+        self.runtime_root = os.path.join(self.state, "runtime")
         self.cgroup_parent = f"/hct-{self.tag}"
         self.network = network
         self.runtime = runtime
@@ -108,6 +108,8 @@ class CriDaemon:
                 "[paths]", f'root = "{self.root}"', f'state = "{self.state}"',
                 "[runtime]", f'runtime = "{runtime}"', f'runtime_root = "{self.runtime_root}"',
                 f'sandbox_image = "{sandbox_image}"',
+                # A RuntimeClass handler running runc, next to the default runtime.
+                "[runtime.handlers]", 'runc = "runc"',
                 "[cni]", f'conf_dir = "{network.conf_dir}"', f'bin_dirs = ["{CNI_BIN}"]',
                 "[registry]", f'config_dir = "{registry_config_dir}"', ""]))
         self.proc: subprocess.Popen[bytes] | None = None
@@ -203,8 +205,9 @@ class CriDaemon:
         self.remove_all_pods()
         self.stop()
         self._kill_our_processes()
-        for cid in self.runtime_ids():
-            sh(self.runtime_binary, "--root", self.runtime_root, "delete", "--force", cid, check=False)
+        for binary, root in self.runtimes():
+            for cid in self.runtime_ids(binary, root):
+                sh(binary, "--root", root, "delete", "--force", cid, check=False)
         from cri_server import fsutil
         from cri_server.network import netns
         netns_dir = os.path.join(self.state, "netns")
@@ -217,10 +220,19 @@ class CriDaemon:
                 shutil.rmtree(d, ignore_errors=True)
         remove_cgroup_tree(self.cgroup_parent)
 
-    def runtime_ids(self) -> list[str]:
-        if not os.path.isdir(self.runtime_root):
+    def runtimes(self) -> list[tuple[str, str]]:
+        """(binary, --root) of the default runtime and of the runc handler (husk-cri's `<root>-runc`)."""
+        out = [(self.runtime_binary, self.runtime_root)]
+        if self.runtime_binary != "runc":
+            out.append(("runc", self.runtime_root + "-runc"))
+        return out
+
+    def runtime_ids(self, binary: str = "", root: str = "") -> list[str]:
+        if not binary:
+            return [i for b, r in self.runtimes() for i in self.runtime_ids(b, r)]
+        if not os.path.isdir(root):
             return []
-        out = sh(self.runtime_binary, "--root", self.runtime_root, "list", "-q", check=False).stdout
+        out = sh(binary, "--root", root, "list", "-q", check=False).stdout
         return [x for x in out.split() if x]
 
     def _kill_our_processes(self) -> None:

@@ -209,3 +209,12 @@ def test_nofile_limit():
     assert nofile_limit(OomScorePolicy(-1000)) == 1048576
     restricted = nofile_limit(OomScorePolicy(0, "no CAP_SYS_RESOURCE"))
     assert restricted == (1048576 if hard == resource.RLIM_INFINITY else min(1048576, hard))
+
+
+def test_each_runtime_has_its_own_root(tmp_path):
+    from cri_server.shims import ShimManager
+    m = ShimManager(str(tmp_path), "/run/husk/runtime", default_runtime="husk")
+    assert m.root_for("husk") == m.root_for("") == "/run/husk/runtime"
+    assert m.root_for("runc") == "/run/husk/runtime-runc"
+    assert m.root_for("/usr/local/bin/crun") == "/run/husk/runtime-crun"
+    assert m.paths("abc").socket == str(tmp_path / "shims" / "abc" / "shim.sock")

@@ -292,3 +292,27 @@ def test_bad_input_leaves_nothing_behind(cri, tmp_path):
 
     rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=pod_id))
     nothing_left(cri)
+
+
+def test_runtime_handler_and_resource_update(cri):
+    """A pod on the `runc` RuntimeClass handler; UpdateContainerResources changes its cgroup at once."""
+    rt = cri.runtime_stub()
+    _pull(cri)
+    handlers = [h.name for h in rt.Status(pb.StatusRequest()).runtime_handlers]
+    assert handlers == ["", "runc"]
+    pod = pod_config(cri, "handler")
+    pod_id = rt.RunPodSandbox(pb.RunPodSandboxRequest(config=pod, runtime_handler="runc")).pod_sandbox_id
+    assert rt.PodSandboxStatus(pb.PodSandboxStatusRequest(pod_sandbox_id=pod_id)).status.runtime_handler == "runc"
+    cfg = container_config("limited", ["sleep", "3600"])
+    cfg.linux.resources.memory_limit_in_bytes = 100 << 20
+    cid = start_container(rt, pod_id, pod, cfg)
+    memory = f"/sys/fs/cgroup/memory{cri.cgroup_parent}/{cid}/memory.limit_in_bytes"
+    shares = f"/sys/fs/cgroup/cpu{cri.cgroup_parent}/{cid}/cpu.shares"
+    assert int(open(memory).read()) == 100 << 20
+    rt.UpdateContainerResources(pb.UpdateContainerResourcesRequest(
+        container_id=cid, linux=pb.LinuxContainerResources(memory_limit_in_bytes=64 << 20, cpu_shares=256)))
+    assert (int(open(memory).read()), int(open(shares).read())) == (64 << 20, 256)
+    r = status(rt, cid).resources.linux
+    assert (r.memory_limit_in_bytes, r.cpu_shares) == (64 << 20, 256)
+    rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=pod_id))
+    nothing_left(cri)
