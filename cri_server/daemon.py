@@ -46,12 +46,21 @@ def clear_stale_socket(path: str) -> None:
     raise StartupError(f"another server is listening on {path}")
 
 
+# What the in-process runtime imports while it creates a container (the shim forks it from the zygote).
+_RUNTIME_MODULES = ("runtime.lifecycle", "runtime.parent", "runtime.child", "runtime.init", "runtime.sync",
+                    "runtime.state", "runtime.config", "runtime.jsonload", "runtime.capabilities",
+                    "runtime.process", "runtime.rootfs", "runtime.hooks", "runtime.network", "runtime.console",
+                    "runtime.cgroups.v1", "runtime.cgroups.v2", "runtime.seccomp", "runtime.seccomp_lib",
+                    "_sha256", "_sha2", "hashlib")
+
+
 def _preload_for_shims() -> None:
     """Modules the in-process runtime imports lazily, loaded here so the zygote (a fork of this process) and
-    every shim forked from it have them: the container's init imports them after pivot_root, where the
-    host's Python library directory is out of reach ("No module named '_sha256'" for a seccomp profile)."""
+    every shim forked from it share them instead of importing them in every container start; and the
+    container's init imports some after pivot_root, where the host's Python library directory is out of
+    reach ("No module named '_sha256'" for a seccomp profile)."""
     import importlib
-    for name in ("runtime.seccomp", "runtime.seccomp_lib", "_sha256", "_sha2", "hashlib"):
+    for name in _RUNTIME_MODULES:
         try:
             importlib.import_module(name)
         except (ImportError, OSError):
