@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -73,6 +74,9 @@ def main() -> int:
     ap.add_argument("--timeout", type=int, default=1800, help="seconds for the whole critest run")
     ap.add_argument("extra", nargs="*", help="extra critest/ginkgo flags (after --)")
     a = ap.parse_args()
+    # A SIGTERM (e.g. from `timeout`) must still run the cleanup below: raise instead of dying.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda n, _f: sys.exit(128 + n))
     if not os.path.isfile(a.critest):
         print(f"critest not found at {a.critest}: build cri-tools outside this repository, pass --critest",
               file=sys.stderr)

@@ -126,7 +126,7 @@ async def _create(svc: Services, req: pb.CreateContainerRequest, sb: SandboxReco
         labels=dict(config.labels), annotations=dict(config.annotations), config=config.SerializeToString(),
         log_path=log_path,
         extra={"creating": True, "runtime": runtime, "bundle": bundle, "image_stop_signal": stop_signal,
-               "tty": bool(config.tty), "stdin": bool(config.stdin)})
+               "tty": bool(config.tty), "stdin": bool(config.stdin), "stdin_once": bool(config.stdin_once)})
     store.put_container(rec)
     undo.push("delete the record", store.delete_container, cid)
 

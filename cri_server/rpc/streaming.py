@@ -11,7 +11,7 @@ from typing import Any
 
 from cri_server.api.v1 import api_pb2 as pb
 from cri_server.context import Services
-from cri_server.errors import CriError, FailedPrecondition, InvalidArgument, NotFound, Unimplemented
+from cri_server.errors import CriError, FailedPrecondition, InvalidArgument, Unimplemented
 from cri_server.store.records import ContainerState, SandboxState
 
 log = logging.getLogger(__name__)
@@ -37,7 +37,8 @@ class StoreTargets:
             return None
         return ContainerTarget(container_id=rec.id, shim_address=rec.shim_address,
                                running=rec.state == ContainerState.RUNNING and bool(rec.shim_address),
-                               tty=bool(rec.extra.get("tty")), stdin=bool(rec.extra.get("stdin")))
+                               tty=bool(rec.extra.get("tty")), stdin=bool(rec.extra.get("stdin")),
+                               stdin_once=bool(rec.extra.get("stdin_once")))
 
     async def sandbox_netns(self, sandbox_id: str) -> str | None:
         try:
@@ -105,4 +106,4 @@ def make_server(svc: Services) -> Any:
     return StreamingServer((svc.config.streaming.address, svc.config.streaming.port), backend)
 
 
-__all__ = ["StoreTargets", "attach", "exec_", "make_server", "port_forward", "NotFound"]
+__all__ = ["StoreTargets", "attach", "exec_", "make_server", "port_forward"]

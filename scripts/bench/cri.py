@@ -218,6 +218,9 @@ def main() -> int:
     ap.add_argument("--runtime", default="in-process", help="husk-cri's runtime: in-process (husk) or runc")
     ap.add_argument("--skip-containerd", action="store_true")
     a = ap.parse_args()
+    # A SIGTERM (e.g. from `timeout`) must still run the cleanup below: raise instead of dying.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda n, _f: sys.exit(128 + n))
     os.makedirs(a.out, exist_ok=True)
 
     from cri_server.images import testimages
