@@ -156,8 +156,11 @@ async def _create(svc: Services, req: pb.CreateContainerRequest, sb: SandboxReco
     undo.push("discard the task", discard_task, svc, cid, address, runtime, shim_pid)
     opts = huskpb.CreateOptions(log_path=log_path, stdin_once=bool(config.stdin_once))
     try:
+        # Output always goes through pipes the shim reads: into the log (when there is one) and to attached
+        # clients (kubectl attach), even when the container has no log path.
         created = await shims.call(cid, address, "Create", id=cid, bundle=bundle, terminal=bool(config.tty),
-                                   stdin="attach:" if config.stdin else "", stdout="", stderr="",
+                                   stdin="attach:" if config.stdin else "", stdout="attach:",
+                                   stderr="" if config.tty else "attach:",
                                    options=google.Any(type_url=huskpb.CreateOptions.FULL_NAME, value=opts.encode()))
     except w.TtrpcError as e:
         raise Internal(f"create container {config.metadata.name}: {e.message}") from None

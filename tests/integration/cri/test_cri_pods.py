@@ -316,3 +316,31 @@ def test_runtime_handler_and_resource_update(cri):
     assert (r.memory_limit_in_bytes, r.cpu_shares) == (64 << 20, 256)
     rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=pod_id))
     nothing_left(cri)
+
+
+def test_output_reaches_attach_without_a_log_file(cri):
+    """A container without a log path (kubectl attach to it) still has its output read by the shim and sent to
+    attached clients; its stdin comes from them. (Before: the output went to /dev/null.)"""
+    from shim.attach import AttachClient
+    rt = cri.runtime_stub()
+    _pull(cri)
+    pod = pod_config(cri, "nolog", log_dir="")
+    pod.log_directory = ""
+    pod_id = run_pod(rt, pod)
+    cfg = container_config("echo", ["sh", "-c", "read x; echo got-$x; echo err-$x >&2; read y; exit 0"], stdin=True)
+    cfg.log_path = ""
+    cid = start_container(rt, pod_id, pod, cfg)
+    assert status(rt, cid).log_path == ""
+    client = AttachClient(os.path.join(cri.state, "shims", cid, "attach.sock"))
+    try:
+        client.write_stdin(b"hi\n")
+        out = err = b""
+        while b"got-hi" not in out or b"err-hi" not in err:
+            kind, data = client.read()
+            out, err = (out + data, err) if kind == 1 else (out, err + data if kind == 2 else err)
+        client.close_stdin()
+        assert wait_exited(rt, cid).exit_code == 0
+    finally:
+        client.close()
+    rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=pod_id))
+    nothing_left(cri)
