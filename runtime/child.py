@@ -37,7 +37,7 @@ def run(ctx: "CreateContext", chan: "Channel") -> None:
                 seen.add(got)
 
         from runtime import init
-        init.preload(cfg.raw)
+        ctx.seccomp = init.preload(cfg.raw)
         userns_new = cfg.new_ns("user")
         if not userns_new:
             # CVE-2019-5736 class: nothing in the container may open /proc/<us>/exe (the host interpreter)

@@ -122,7 +122,7 @@ def _intermediate(rec: st.Record, process: dict[str, Any], ns_fds: dict[str, int
     try:
         sc.set_dumpable(False)  # CVE-2019-5736 class: the container must not reach /proc/<us>/exe
         from runtime.init import preload
-        preload({"process": process, "linux": rec.config.get("linux") or {}})
+        seccomp = preload({"process": process, "linux": rec.config.get("linux") or {}})
         chan.expect("go")
         for kind in JOIN_ORDER:
             fd = ns_fds.get(kind)
@@ -137,7 +137,7 @@ def _intermediate(rec: st.Record, process: dict[str, Any], ns_fds: dict[str, int
             os.setresuid(0, 0, 0)
         pid = os.fork()
         if pid == 0:
-            _process(rec, process, chan, console_fd, preserve_fds)
+            _process(rec, process, chan, console_fd, preserve_fds, seccomp)
         chan.send("pid", str(pid))
         os._exit(0)
     except BaseException as e:
@@ -147,7 +147,8 @@ def _intermediate(rec: st.Record, process: dict[str, Any], ns_fds: dict[str, int
             os._exit(1)
 
 
-def _process(rec: st.Record, process: dict[str, Any], chan: Channel, console_fd: int, preserve_fds: int) -> None:
+def _process(rec: st.Record, process: dict[str, Any], chan: Channel, console_fd: int, preserve_fds: int,
+             seccomp: Any) -> None:
     try:
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, signal.SIG_DFL)
@@ -171,7 +172,6 @@ def _process(rec: st.Record, process: dict[str, Any], chan: Channel, console_fd:
         env = build_env(process)
         os.chdir(process.get("cwd") or "/")
         exe = find_executable(process["args"][0], env, process.get("cwd") or "/")
-        seccomp = (rec.config.get("linux") or {}).get("seccomp")
         exec_process(process, exe, env, seccomp=seccomp, preserve_fds=preserve_fds)
     except BaseException as e:
         try:

@@ -49,9 +49,11 @@ def run(ctx: "CreateContext", chan: "Channel") -> None:
     os._exit(1)
 
 
-def preload(cfg_raw: dict) -> None:
+def preload(cfg_raw: dict) -> "object | None":
     """Imports every module the later stages need. Called before entering a user namespace (whose root may not
-    read the interpreter's files) and before pivot_root/setns(mnt) (after which they are out of reach)."""
+    read the interpreter's files) and before pivot_root/setns(mnt) (after which they are out of reach).
+    Returns the seccomp program prepared from the host's cache and libseccomp (None without a profile):
+    neither is reachable from inside the container."""
     import resource  # noqa: F401
     import select  # noqa: F401
     import stat  # noqa: F401
@@ -61,8 +63,11 @@ def preload(cfg_raw: dict) -> None:
         from runtime import network  # noqa: F401
     if (cfg_raw.get("process") or {}).get("terminal"):
         from runtime import console  # noqa: F401
-    if (cfg_raw.get("linux") or {}).get("seccomp"):
-        from runtime import seccomp  # noqa: F401
+    profile = (cfg_raw.get("linux") or {}).get("seccomp")
+    if profile:
+        from runtime import seccomp
+        return seccomp.prepare(profile)
+    return None
 
 
 TERMINATING = (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2,
@@ -76,7 +81,8 @@ def _exit_on_signal(sig: int, _frame: object) -> None:
 def _setup(ctx: "CreateContext", chan: "Channel") -> str:
     """Everything before the exec fifo; returns the path to open it through (/proc/self/fd/N)."""
     cfg = ctx.cfg
-    preload(cfg.raw)
+    if ctx.seccomp is None:
+        ctx.seccomp = preload(cfg.raw)
     linux = cfg.linux
     proc = cfg.process
     if cfg.new_ns("network"):
@@ -151,7 +157,7 @@ def _start(ctx: "CreateContext", fifo_w: int) -> None:
         hk.run("startContainer", cfg.hooks["startContainer"], ctx.hook_state(ctx.host_pid, "created"),
                container_id=ctx.container_id)
     from runtime.process import exec_process
-    exec_process(cfg.process, ctx.exe, ctx.env, seccomp=cfg.linux.get("seccomp"), preserve_fds=ctx.preserve_fds,
+    exec_process(cfg.process, ctx.exe, ctx.env, seccomp=ctx.seccomp, preserve_fds=ctx.preserve_fds,
                  rlimits_set=True, personality=cfg.linux.get("personality"))
 
 

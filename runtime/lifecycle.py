@@ -110,15 +110,22 @@ def state(root: str, container_id: str) -> dict[str, Any]:
     return st.oci_state(root, rec)
 
 
+# runc's exact words: containerd's shim matches "container not running" to report "process already finished"
+NOT_RUNNING = "container not running"
+
+
 def kill(root: str, container_id: str, sig: int, all: bool = False) -> None:
     rec = st.load(root, container_id)
-    status = st.status(root, rec)
-    if status == "stopped":
-        raise InvalidState(f"container {container_id!r} is not running")
     if all:
+        # as runc: every process left in the cgroup, whatever the init's state (containerd sends
+        # `kill --all` to stopped containers and expects success)
         from runtime.cgroups import manager_for
-        manager_for(rec.cgroup_path).kill_all(sig)
+        mgr = manager_for(rec.cgroup_path)
+        if mgr.exists():
+            mgr.kill_all(sig)
         return
+    if st.status(root, rec) == "stopped":
+        raise InvalidState(NOT_RUNNING)
     _signal_init(rec, sig)
 
 
@@ -127,11 +134,11 @@ def _signal_init(rec: st.Record, sig: int) -> None:
     try:
         pidfd = os.pidfd_open(rec.pid)
     except ProcessLookupError:
-        raise InvalidState(f"container {rec.id!r} is not running") from None
+        raise InvalidState(NOT_RUNNING) from None
     try:
         # the pidfd pins the process: check it is still our init (not a reused pid) before signalling
         if not st.init_alive(rec):
-            raise InvalidState(f"container {rec.id!r} is not running")
+            raise InvalidState(NOT_RUNNING)
         _signal.pidfd_send_signal(pidfd, sig)
     finally:
         os.close(pidfd)

@@ -41,6 +41,7 @@ class CreateContext:
         self.host_pid = 0                    # the init's pid in the runtime's pid namespace
         self.env: dict[str, str] = {}        # the process environment, computed before the fifo
         self.exe = ""                        # args[0] resolved in the container
+        self.seccomp: object | None = None   # runtime.seccomp.CompiledFilter, prepared before pivot_root
 
     def hook_state(self, pid: int, status: str) -> str:
         return st.dumps_json({"ociVersion": st.OCI_VERSION, "id": self.container_id, "status": status,

@@ -185,22 +185,29 @@ def build_env(proc: dict[str, Any], extra: dict[str, str] | None = None) -> dict
     return env
 
 
-def exec_process(proc: dict[str, Any], path: str, env: dict[str, str], *, seccomp: dict[str, Any] | None,
+def exec_process(proc: dict[str, Any], path: str, env: dict[str, str], *, seccomp: Any,
                  preserve_fds: int, keep_fds: tuple[int, ...] = (), rlimits_set: bool = False,
                  personality: dict[str, Any] | None = None) -> None:
-    """Applies user, caps, no_new_privs, umask and cwd, then seccomp (last) and execve. Never returns."""
+    """Applies user, caps, no_new_privs, umask and cwd, then seccomp (last) and execve. Never returns.
+
+    `seccomp` is what runtime.seccomp.prepare() returned before pivot_root/setns(mnt), or None. As runc does,
+    without noNewPrivileges the filter is loaded before capabilities are dropped (the kernel then demands
+    CAP_SYS_ADMIN), so the profile must allow the few syscalls that remain before execve."""
     from runtime import capabilities
     caps = proc.get("capabilities") or {}
     user = proc.get("user") or {}
+    nnp = bool(proc.get("noNewPrivileges"))
     if proc.get("rlimits") and not rlimits_set:
         set_rlimits(proc["rlimits"])
     apply_scheduling(proc, personality)
+    if seccomp is not None and not nnp:
+        from runtime import seccomp as seccomp_mod
+        seccomp_mod.install(seccomp, False)
     capabilities.drop_bounding(caps)
     switch_user(user)
     capabilities.apply(caps)
     if proc.get("apparmorProfile"):
         set_apparmor(proc["apparmorProfile"])
-    nnp = bool(proc.get("noNewPrivileges"))
     if nnp:
         sc.set_no_new_privs()
     os.umask(user.get("umask", 0o022) if user.get("umask") is not None else 0o022)
@@ -220,9 +227,9 @@ def exec_process(proc: dict[str, Any], path: str, env: dict[str, str], *, seccom
             os.set_inheritable(fd, True)
         except OSError:
             pass
-    if seccomp:
-        from runtime import seccomp as seccomp_mod  # written by the seccomp engineer; only when a profile is set
-        seccomp_mod.install(seccomp, nnp)
+    if seccomp is not None and nnp:
+        from runtime import seccomp as seccomp_mod
+        seccomp_mod.install(seccomp, True)
     try:
         os.execve(path, proc["args"], env)
     except OSError as e:
