@@ -164,7 +164,8 @@ async def run_exec(svc: Services, rec: ContainerRecord, cmd: list[str], timeout:
 async def _kill(call: object) -> None:
     from shim import ttrpc_wire as w
     try:
-        await call("Kill", signal=signals.SIGKILL)  # type: ignore[operator]
+        # all: the exec's whole process group (a shell's children too), where the shim supports it.
+        await call("Kill", signal=signals.SIGKILL, all=True)  # type: ignore[operator]
     except (w.TtrpcError, ShimGone):
         pass
 
