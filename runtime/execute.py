@@ -152,9 +152,11 @@ def _process(rec: st.Record, process: dict[str, Any], chan: Channel, console_fd:
     try:
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, signal.SIG_DFL)
+        # A session (and process group) of its own, as runc gives every exec'd process: signals meant
+        # for it and its children (a timed-out ExecSync kills the group) reach nothing else.
+        os.setsid()
         if process.get("terminal"):
             from runtime import console
-            os.setsid()
             master, slave, _path = console.open_pty()
             size = process.get("consoleSize")
             if size:
