@@ -1,9 +1,8 @@
 """Unit tests of husk-cri's phase-2 helpers that need no root: signal names, the undo list, the event bus,
-request validation, log paths, exec process specs, stats arithmetic, exit reasons, the nofile limit."""
+request validation, log paths, stats arithmetic, exit reasons, the nofile limit."""
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
 
 import pytest
@@ -13,7 +12,7 @@ from cri_server.api.v1 import api_pb2 as pb
 from cri_server.errors import InvalidArgument
 from cri_server.events import EventBus
 from cri_server.oom import OomScorePolicy
-from cri_server.rpc import container_create, container_exec, sandbox_run, stats
+from cri_server.rpc import container_create, sandbox_run, stats
 from cri_server.spec.context import nofile_limit
 from cri_server.tasks import ExitInfo
 from cri_server.undo import Undo
@@ -149,24 +148,6 @@ def test_log_file_stays_inside_the_log_directory():
     for bad in ("../../etc/passwd", "/abs.log", "a/../../b"):
         with pytest.raises(InvalidArgument, match="log_path"):
             container_create.log_file(sb, bad)
-
-
-def test_exec_process_keeps_the_containers_settings(tmp_path):
-    spec = {"process": {"args": ["init"], "env": ["A=1"], "cwd": "/w", "user": {"uid": 5, "gid": 6},
-                        "terminal": True, "consoleSize": {"height": 1, "width": 2},
-                        "capabilities": {"bounding": ["CAP_KILL"]}, "noNewPrivileges": True}}
-    (tmp_path / "config.json").write_text(json.dumps(spec))
-    p = container_exec.exec_process(str(tmp_path), ["ls", "-l"])
-    assert p["args"] == ["ls", "-l"] and p["terminal"] is False and "consoleSize" not in p
-    assert (p["env"], p["cwd"], p["user"], p["noNewPrivileges"]) == (["A=1"], "/w", {"uid": 5, "gid": 6}, True)
-
-
-def test_output_cap():
-    col = container_exec._Collector()
-    col.add(col.out, b"x" * (container_exec.MAX_OUTPUT - 1))
-    col.add(col.out, b"yz")
-    col.add(col.out, b"more")
-    assert len(col.out) == container_exec.MAX_OUTPUT and col.out.endswith(b"xy")
 
 
 def test_cpu_rate():

@@ -344,3 +344,32 @@ def test_output_reaches_attach_without_a_log_file(cri):
         client.close()
     rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=pod_id))
     nothing_left(cri)
+
+
+def test_exec_through_the_streaming_server(cri):
+    """Exec's URL leads to the streaming server, whose backend runs the command through the shim (SPDY, as
+    kubelet and crictl use it); ExecSync's timeout kills a shell's children too (its process group)."""
+    import asyncio
+
+    from tests.streaming_support.spdy_client import spdy_exec
+    rt = cri.runtime_stub()
+    _pull(cri)
+    pod = pod_config(cri, "stream")
+    pod_id = run_pod(rt, pod)
+    cid = start_container(rt, pod_id, pod, container_config("c", ["sleep", "3600"]))
+    url = rt.Exec(pb.ExecRequest(container_id=cid, cmd=["sh", "-c", "cat; echo out; echo err >&2; exit 4"],
+                                 stdin=True, stdout=True, stderr=True)).url
+    assert url.startswith("http://127.0.0.1:")
+    r = asyncio.run(spdy_exec(url, stdin=b"in\n", stdout=True, stderr=True))
+    assert (r.stdout, r.stderr) == (b"in\nout\n", b"err\n")
+    assert b"NonZeroExitCode" in r.error and b"4" in r.error
+    with pytest.raises(grpc.RpcError) as e:
+        exec_sync(rt, cid, ["sh", "-c", "sleep 4321; true"], timeout=1)
+    assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert b"4321" not in exec_sync(rt, cid, ["ps", "-o", "args"]).stdout
+    with pytest.raises(grpc.RpcError) as e:
+        rt.Exec(pb.ExecRequest(container_id="0" * 64, cmd=["true"], stdout=True))
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND
+    assert rt.PortForward(pb.PortForwardRequest(pod_sandbox_id=pod_id, port=[80])).url.startswith("http://")
+    rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=pod_id))
+    nothing_left(cri)
