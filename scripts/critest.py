@@ -13,9 +13,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 TOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -67,9 +69,10 @@ def summarize(report: str) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default=f"/tmp/husk-critest-{time.strftime('%Y%m%dT%H%M%S')}")
+    ap.add_argument("--out", default=os.path.join(tempfile.gettempdir(), f"husk-critest-{time.strftime('%Y%m%dT%H%M%S')}"))
     ap.add_argument("--cache", default=os.path.join(TOP, ".cache", "critest"))
-    ap.add_argument("--critest", default=os.environ.get("CRITEST", "/tmp/tools/bin/critest"))
+    ap.add_argument("--critest", default=os.environ.get("CRITEST") or shutil.which("critest") or "",
+                    help="the critest binary (default: $CRITEST, else critest on PATH)")
     ap.add_argument("--runtime", default="in-process", help="husk-cri's runtime: in-process (husk) or runc")
     ap.add_argument("--timeout", type=int, default=1800, help="seconds for the whole critest run")
     ap.add_argument("extra", nargs="*", help="extra critest/ginkgo flags (after --)")
@@ -77,8 +80,9 @@ def main() -> int:
     # A SIGTERM (e.g. from `timeout`) must still run the cleanup below: raise instead of dying.
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda n, _f: sys.exit(128 + n))
-    if not os.path.isfile(a.critest):
-        print(f"critest not found at {a.critest}: build cri-tools outside this repository, pass --critest",
+    if not a.critest or not os.path.isfile(a.critest):
+        print(f"critest not found ({a.critest or 'not on PATH'}): build cri-tools outside this repository and "
+              "pass --critest or set CRITEST",
               file=sys.stderr)
         return 2
     os.makedirs(a.out, exist_ok=True)

@@ -17,6 +17,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 
@@ -153,7 +154,7 @@ def _stats(xs: list[float]) -> dict[str, float]:
 
 
 class Driver:
-    def __init__(self, name: str, socket: str, cgroup_parent: str) -> None:
+    def __init__(self, name: str, socket: str, cgroup_parent: str, log_root: str) -> None:
         import grpc
 
         from cri_server.api.v1 import api_pb2_grpc as rpc
@@ -162,6 +163,7 @@ class Driver:
         self.rt = rpc.RuntimeServiceStub(self.channel)
         self.im = rpc.ImageServiceStub(self.channel)
         self.cgroup_parent = cgroup_parent
+        self.log_root = log_root
         self.times: dict[str, list[float]] = {"run": [], "create_start": [], "stop_remove": []}
 
     def pull(self, ref: str) -> None:
@@ -171,7 +173,7 @@ class Driver:
     def pod(self, name: str):  # type: ignore[no-untyped-def]
         from cri_server.api.v1 import api_pb2 as pb
         c = pb.PodSandboxConfig(metadata=pb.PodSandboxMetadata(name=name, namespace="bench", uid=name, attempt=0),
-                                hostname=name, log_directory=f"/tmp/hcb-logs/{name}",
+                                hostname=name, log_directory=os.path.join(self.log_root, name),
                                 labels={"io.kubernetes.pod.name": name})
         c.linux.cgroup_parent = self.cgroup_parent
         c.linux.security_context.namespace_options.pid = pb.CONTAINER
@@ -214,7 +216,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--pods", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--out", default=f"/tmp/husk-bench-cri-{time.strftime('%Y%m%dT%H%M%S')}")
+    ap.add_argument("--out", default=os.path.join(tempfile.gettempdir(),
+                                                  f"husk-bench-cri-{time.strftime('%Y%m%dT%H%M%S')}"))
     ap.add_argument("--runtime", default="in-process", help="husk-cri's runtime: in-process (husk) or runc")
     ap.add_argument("--skip-containerd", action="store_true")
     a = ap.parse_args()
@@ -248,12 +251,12 @@ def main() -> int:
         husk_net = PodNetwork(os.path.join(a.out, "husk-net"))
         husk = CriDaemon(os.path.join(a.out, "husk"), husk_net, certs, SANDBOX_IMAGE, runtime=a.runtime)
         husk.start()
-        drivers.append(Driver("husk-cri", husk.socket, f"/hcb-husk-{tag}"))
+        drivers.append(Driver("husk-cri", husk.socket, f"/hcb-husk-{tag}", os.path.join(a.out, "logs")))
         if not a.skip_containerd:
             ctd_net = PodNetwork(os.path.join(a.out, "ctd-net"))
             ctd = CriContainerd(f"/run/hcb-{tag}", ctd_net.conf_dir, certs)
             ctd.start()
-            drivers.append(Driver("containerd-1.6", ctd.socket, f"/hcb-ctd-{tag}"))
+            drivers.append(Driver("containerd-1.6", ctd.socket, f"/hcb-ctd-{tag}", os.path.join(a.out, "logs")))
         for d in drivers:
             d.pull(SANDBOX_IMAGE)
             d.pull(BUSYBOX)
@@ -267,7 +270,7 @@ def main() -> int:
         # Memory: a freshly restarted husk-cri with no pods, then P pods with one container each.
         husk.stop()
         husk.start()
-        drivers[0] = Driver("husk-cri", husk.socket, drivers[0].cgroup_parent)
+        drivers[0] = Driver("husk-cri", husk.socket, drivers[0].cgroup_parent, drivers[0].log_root)
         time.sleep(3)
         mem: dict = {"husk-cri": {"0 pods": _memory(husk.proc.pid)}}
         if ctd is not None:
@@ -306,7 +309,6 @@ def main() -> int:
         reg.stop()
         for d in drivers:
             remove_cgroup_tree(d.cgroup_parent)
-        subprocess.run(["rm", "-rf", "/tmp/hcb-logs"], check=False)
     with open(os.path.join(a.out, "results.json"), "w") as f:
         json.dump(results, f, indent=1)
     print(_table(results))
