@@ -39,6 +39,11 @@ def _effective(ctx: click.Context) -> cfg.Config:
 def main(ctx: click.Context, config_path: str | None, **overrides: Any) -> None:
     """husk-cri: the CRI v1 server kubelet and crictl talk to."""
     ctx.ensure_object(dict).update(config=config_path, overrides=overrides)
+    if ctx.invoked_subcommand == "images":
+        # The image commands read --root/--registry-config-dir of this group; a config file names them too.
+        config = _effective(ctx)
+        ctx.params["root"] = ctx.params.get("root") or config.paths.root
+        ctx.params["registry_config_dir"] = ctx.params.get("registry_config_dir") or config.registry.config_dir
     if ctx.invoked_subcommand is not None:
         return
     from cri_server import daemon
@@ -66,6 +71,17 @@ def config_default() -> None:
 def config_show(ctx: click.Context) -> None:
     """Print the effective configuration (file plus flags)."""
     click.echo(cfg.to_toml(_effective(ctx)), nl=False)
+
+
+@main.command("setup")
+@click.option("--catatonit", default="/usr/bin/catatonit", show_default=True, metavar="PATH",
+              help="Static init binary the sandbox image is built from when it is missing.")
+@click.pass_context
+def setup(ctx: click.Context, catatonit: str) -> None:
+    """Prepare the node: the sandbox image (built locally when absent) and a default CNI config (when none)."""
+    from cri_server.nodesetup import setup_node
+    for line in setup_node(_effective(ctx), catatonit):
+        click.echo(f"husk-cri setup: {line}")
 
 
 def _mount_subcommands() -> None:

@@ -1,7 +1,7 @@
 """husk-cri's start-up and shutdown: directories, policies, the spawner, the gRPC server, signals.
 
-Order matters: everything that forks (the shim spawner, phase 2) starts before grpc is imported, because a
-process running gRPC threads must never fork. SIGTERM stops serving and leaves pods and containers running
+Order matters: the shim spawner (which forks every shim) starts before grpc is imported, because a process
+running gRPC threads must never fork. SIGTERM stops serving and leaves pods and containers running
 (they belong to their shims). This module wires parts together; the RPC logic lives in cri_server/rpc.
 """
 from __future__ import annotations
@@ -46,10 +46,40 @@ def clear_stale_socket(path: str) -> None:
     raise StartupError(f"another server is listening on {path}")
 
 
+# What the in-process runtime imports while it creates a container (the shim forks it from the zygote).
+_RUNTIME_MODULES = ("runtime.lifecycle", "runtime.parent", "runtime.child", "runtime.init", "runtime.sync",
+                    "runtime.state", "runtime.config", "runtime.jsonload", "runtime.capabilities",
+                    "runtime.process", "runtime.rootfs", "runtime.hooks", "runtime.network", "runtime.console",
+                    "runtime.cgroups.v1", "runtime.cgroups.v2", "runtime.seccomp", "runtime.seccomp_lib",
+                    "_sha256", "_sha2", "hashlib")
+
+
+def _preload_for_shims() -> None:
+    """Modules the in-process runtime imports lazily, loaded here so the zygote (a fork of this process) and
+    every shim forked from it share them instead of importing them in every container start; and the
+    container's init imports some after pivot_root, where the host's Python library directory is out of
+    reach ("No module named '_sha256'" for a seccomp profile)."""
+    import importlib
+    for name in _RUNTIME_MODULES:
+        try:
+            importlib.import_module(name)
+        except (ImportError, OSError):
+            pass
+
+
 def start_spawner(config: Config) -> Any:
-    """Phase 2 starts the single-threaded shim spawner (shim/spawner.py) here, before any gRPC thread
-    exists. Until the shim lands nothing is forked, so there is nothing to start."""
-    return None
+    """The single-threaded shim spawner (a zygote with shim/ and runtime/ imported), forked before grpc is
+    imported and before any thread exists: every shim is forked from it, never from this process."""
+    from shim.spawner import Spawner, SpawnError
+    _preload_for_shims()
+    spawner = Spawner()
+    try:
+        spawner.start()
+    except SpawnError as e:
+        log.warning("no shim spawner (%s); shims start as fresh processes", e)
+        return None
+    log.info("shim spawner started", extra={"pid": spawner.pid})
+    return spawner
 
 
 def run(config: Config) -> int:
@@ -60,27 +90,57 @@ def run(config: Config) -> int:
         log.warning("oom_score_adj is restricted", extra={"minimum": policy.minimum, "reason": policy.reason})
     spawner = start_spawner(config)
     import asyncio
-    return asyncio.run(serve(config, policy, spawner))
+    try:
+        return asyncio.run(serve(config, policy, spawner))
+    finally:
+        if spawner is not None:
+            spawner.stop()
+
+
+def default_runtime(config: Config) -> str:
+    """The runtime of the default handler as the shim names it; in-process needs runtime.lifecycle."""
+    from cri_server.context import in_process_available, shim_runtime
+    runtime = shim_runtime(config.runtime.runtime)
+    if runtime == "husk" and not in_process_available():
+        log.warning("runtime.runtime is in-process, but this husk has no runtime.lifecycle: using runc")
+        return "runc"
+    return runtime
 
 
 async def serve(config: Config, policy: oom.OomScorePolicy, spawner: Any = None,
-                ready: "asyncio.Event | None" = None) -> int:
+                ready: Any = None) -> int:
     import asyncio
     import signal
 
     import grpc
 
+    from cri_server import recovery
     from cri_server.api.v1 import api_pb2_grpc
     from cri_server.context import RuntimeSettings, Services
+    from cri_server.images.service import ImageService
     from cri_server.network.cni import CniManager
+    from cri_server.rpc.streaming import make_server
     from cri_server.service import ImageServicer, RuntimeServicer
+    from cri_server.shims import ShimManager
+    from cri_server.spec.context import HostInfo
     from cri_server.store.store import Store
+    from cri_server.tasks import TaskMonitor
 
     store = Store(config.db_path)
+    runtime = default_runtime(config)
     services = Services(
         config=config, store=store, oom=policy,
         cni=CniManager(config.cni.conf_dir, config.cni.bin_dirs, config.cni_cache_dir, config.cni.plugin_timeout),
-        settings=RuntimeSettings(pod_cidr=store.get_meta("pod_cidr")))
+        settings=RuntimeSettings(pod_cidr=store.get_meta("pod_cidr")),
+        images=ImageService(config.paths.root, config.registry.config_dir),
+        shims=ShimManager(config.paths.state, config.runtime.runtime_root, spawner,
+                          debug=config.server.log_level.lower() == "debug", default_runtime=runtime),
+        host=HostInfo.detect(policy), default_runtime=runtime)
+    services.tasks = TaskMonitor(services)
+    await recovery.recover(services)
+    services.streaming = make_server(services)
+    if services.streaming is not None:
+        await services.streaming.start()
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", 16 << 20),
                                       ("grpc.max_send_message_length", 16 << 20)])
     api_pb2_grpc.add_RuntimeServiceServicer_to_server(RuntimeServicer(services), server)
@@ -106,16 +166,27 @@ async def serve(config: Config, policy: oom.OomScorePolicy, spawner: Any = None,
         loop.add_signal_handler(sig, stop.set)
     net = services.cni.status()
     log.info("husk-cri serving", extra={"endpoint": f"unix://{path}", "pid": os.getpid(),
+                                        "runtime": services.default_runtime,
+                                        "streaming": services.streaming.base_url if services.streaming else "",
                                         "network_ready": net.ready, "network": net.message or net.config_file})
+    # The one line on stdout: where kubelet and crictl connect (the logs go to stderr).
+    print(f"husk-cri: serving CRI v1 on unix://{path}"
+          + (f", streaming on {services.streaming.base_url}" if services.streaming else ""), flush=True)
     if ready is not None:
         ready.set()
     try:
         await stop.wait()
     finally:
         log.info("husk-cri stopping; pods and containers keep running")
+        services.events.close()
         await server.stop(config.server.shutdown_grace)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+        await services.tasks.close()
+        if services.streaming is not None:
+            await services.streaming.stop()
+        await services.shims.close()
+        await services.images.close()
         store.close()
         try:
             os.unlink(path)

@@ -1,8 +1,8 @@
 """The gRPC servicers: bind each CRI method to its handler in cri_server/rpc and map errors to status codes.
 
 A handler raises a CriError (errors.py) and the client gets that code and message; anything else is logged
-with its traceback and sent as INTERNAL. Methods phase 2 has not wired yet answer UNIMPLEMENTED, naming what
-they wait for. This module holds no state of its own.
+with its traceback and sent as INTERNAL. The few methods husk-cri does not support answer UNIMPLEMENTED with
+the reason. This module holds no state of its own.
 """
 from __future__ import annotations
 
@@ -16,49 +16,26 @@ import grpc
 from cri_server.api.v1 import api_pb2_grpc
 from cri_server.context import Services
 from cri_server.errors import CriError, Unimplemented
-from cri_server.rpc import container_status, runtime_info, sandbox_status
+from cri_server.rpc import (container_create, container_exec, container_lifecycle, container_status, events,
+                            images, runtime_info, sandbox_run, sandbox_status, sandbox_stop, stats, streaming)
 
 log = logging.getLogger("cri_server.rpc")
 
 Handler = Callable[[Services, Any], Awaitable[Any]]
 
-# Methods answered with UNIMPLEMENTED until the part they need lands, and why.
+# Methods answered with UNIMPLEMENTED, and why (kubelet falls back or does without each of them).
 PENDING_RUNTIME = {
-    "RunPodSandbox": "needs the shim (pause container)",
-    "StopPodSandbox": "needs the shim",
-    "RemovePodSandbox": "needs the shim",
     "StreamPodSandboxes": "not supported; kubelet falls back to ListPodSandbox",
-    "CreateContainer": "needs the image store and the shim",
-    "StartContainer": "needs the shim",
-    "StopContainer": "needs the shim",
-    "RemoveContainer": "needs the shim",
     "StreamContainers": "not supported; kubelet falls back to ListContainers",
-    "UpdateContainerResources": "needs the shim",
-    "ReopenContainerLog": "needs the shim",
-    "ExecSync": "needs the shim",
-    "Exec": "needs the streaming server",
-    "Attach": "needs the streaming server",
-    "PortForward": "needs the streaming server",
-    "ContainerStats": "needs the shim",
-    "ListContainerStats": "needs the shim",
     "StreamContainerStats": "not supported; kubelet falls back to ListContainerStats",
-    "PodSandboxStats": "needs the shim",
-    "ListPodSandboxStats": "needs the shim",
-    "StreamPodSandboxStats": "not supported",
+    "StreamPodSandboxStats": "not supported; kubelet falls back to ListPodSandboxStats",
     "CheckpointContainer": "container checkpointing is not supported",
-    "GetContainerEvents": "needs the shim's exit events",
     "ListMetricDescriptors": "CRI metrics are not supported",
     "ListPodSandboxMetrics": "CRI metrics are not supported",
     "StreamPodSandboxMetrics": "CRI metrics are not supported",
-    "UpdatePodSandboxResources": "needs the shim",
 }
 PENDING_IMAGE = {
-    "ListImages": "needs the image store",
     "StreamImages": "not supported; kubelet falls back to ListImages",
-    "ImageStatus": "needs the image store",
-    "PullImage": "needs the image store",
-    "RemoveImage": "needs the image store",
-    "ImageFsInfo": "needs the image store",
 }
 
 
@@ -87,9 +64,21 @@ def _bind(name: str, handler: Handler) -> Callable[..., Awaitable[Any]]:
     return method
 
 
+def _bind_stream(name: str, handler: Callable[[Services, Any], Any]) -> Callable[..., Any]:
+    async def method(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            async for item in handler(self.services, request):
+                yield item
+        except CriError as e:
+            await _abort(context, e.code, e.message)
+
+    method.__name__ = name
+    return method
+
+
 def _pending(name: str, why: str) -> Callable[..., Awaitable[Any]]:
     async def method(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        await _abort(context, Unimplemented.code, f"{name} is not implemented by husk-cri yet: {why}")
+        await _abort(context, Unimplemented.code, f"{name} is not supported by husk-cri: {why}")
     method.__name__ = name
     return method
 
@@ -106,11 +95,36 @@ class RuntimeServicer(api_pb2_grpc.RuntimeServiceServicer):
     ListPodSandbox = _bind("ListPodSandbox", sandbox_status.list_pod_sandbox)
     ContainerStatus = _bind("ContainerStatus", container_status.container_status)
     ListContainers = _bind("ListContainers", container_status.list_containers)
+    RunPodSandbox = _bind("RunPodSandbox", sandbox_run.run_pod_sandbox)
+    StopPodSandbox = _bind("StopPodSandbox", sandbox_stop.stop_pod_sandbox)
+    RemovePodSandbox = _bind("RemovePodSandbox", sandbox_stop.remove_pod_sandbox)
+    UpdatePodSandboxResources = _bind("UpdatePodSandboxResources", sandbox_status.update_pod_sandbox_resources)
+    CreateContainer = _bind("CreateContainer", container_create.create_container)
+    StartContainer = _bind("StartContainer", container_lifecycle.start_container)
+    StopContainer = _bind("StopContainer", container_lifecycle.stop_container)
+    RemoveContainer = _bind("RemoveContainer", container_lifecycle.remove_container)
+    ExecSync = _bind("ExecSync", container_exec.exec_sync)
+    ReopenContainerLog = _bind("ReopenContainerLog", container_exec.reopen_container_log)
+    UpdateContainerResources = _bind("UpdateContainerResources", container_exec.update_container_resources)
+    Exec = _bind("Exec", streaming.exec_)
+    Attach = _bind("Attach", streaming.attach)
+    PortForward = _bind("PortForward", streaming.port_forward)
+    ContainerStats = _bind("ContainerStats", stats.container_stats)
+    ListContainerStats = _bind("ListContainerStats", stats.list_container_stats)
+    PodSandboxStats = _bind("PodSandboxStats", stats.pod_sandbox_stats)
+    ListPodSandboxStats = _bind("ListPodSandboxStats", stats.list_pod_sandbox_stats)
+    GetContainerEvents = _bind_stream("GetContainerEvents", events.get_container_events)
 
 
 class ImageServicer(api_pb2_grpc.ImageServiceServicer):
     def __init__(self, services: Services) -> None:
         self.services = services
+
+    ListImages = _bind("ListImages", images.list_images)
+    ImageStatus = _bind("ImageStatus", images.image_status)
+    PullImage = _bind("PullImage", images.pull_image)
+    RemoveImage = _bind("RemoveImage", images.remove_image)
+    ImageFsInfo = _bind("ImageFsInfo", images.image_fs_info)
 
 
 for _name, _why in PENDING_RUNTIME.items():

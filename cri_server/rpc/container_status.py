@@ -57,4 +57,5 @@ async def container_status(svc: Services, req: pb.ContainerStatusRequest) -> pb.
 async def list_containers(svc: Services, req: pb.ListContainersRequest) -> pb.ListContainersResponse:
     """ListContainers returns the containers matching every set filter field (id, state, sandbox, labels)."""
     flt = filter_from_pb(req.filter) if req.HasField("filter") else ContainerFilter()
-    return pb.ListContainersResponse(containers=[to_container(r) for r in svc.store.list_containers(flt)])
+    return pb.ListContainersResponse(containers=[to_container(r) for r in svc.store.list_containers(flt)
+                                                 if not r.extra.get("creating")])

@@ -59,4 +59,20 @@ async def pod_sandbox_status(svc: Services, req: pb.PodSandboxStatusRequest) -> 
 async def list_pod_sandbox(svc: Services, req: pb.ListPodSandboxRequest) -> pb.ListPodSandboxResponse:
     """ListPodSandbox returns the sandboxes matching every set filter field (id or id prefix, state, labels)."""
     flt = filter_from_pb(req.filter) if req.HasField("filter") else SandboxFilter()
-    return pb.ListPodSandboxResponse(items=[to_pod_sandbox(r) for r in svc.store.list_sandboxes(flt)])
+    return pb.ListPodSandboxResponse(items=[to_pod_sandbox(r) for r in svc.store.list_sandboxes(flt)
+                                            if r.state != SandboxState.CREATING])
+
+
+async def update_pod_sandbox_resources(svc: Services, req: pb.UpdatePodSandboxResourcesRequest
+                                       ) -> pb.UpdatePodSandboxResourcesResponse:
+    """UpdatePodSandboxResources: kubelet has resized the pod's cgroup itself; the runtime records the new
+    pod-level resources (shown by verbose PodSandboxStatus). NotFound for an unknown sandbox."""
+    import dataclasses
+    from google.protobuf import json_format
+    r = svc.store.get_sandbox(req.pod_sandbox_id)
+    async with svc.locks.hold(r.id):
+        r = svc.store.get_sandbox(r.id)
+        resources = {"overhead": json_format.MessageToDict(req.overhead) if req.HasField("overhead") else None,
+                     "resources": json_format.MessageToDict(req.resources) if req.HasField("resources") else None}
+        svc.store.put_sandbox(dataclasses.replace(r, extra={**r.extra, "podResources": resources}))
+    return pb.UpdatePodSandboxResourcesResponse()

@@ -26,8 +26,7 @@ IMAGE_NAME = "io.kubernetes.cri.image-name"
 def base_spec() -> Spec:
     return {
         "ociVersion": OCI_VERSION,
-        "process": {"user": {"uid": 0, "gid": 0}, "cwd": "/", "args": [], "env": [],
-                    "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 1048576, "soft": 1048576}]},
+        "process": {"user": {"uid": 0, "gid": 0}, "cwd": "/", "args": [], "env": []},
         "root": {"path": "rootfs", "readonly": False},
         "mounts": [],
         "linux": {"resources": {"devices": [{"allow": False, "access": "rwm"}]}},
@@ -61,6 +60,7 @@ CONTAINER_OPTIONS: tuple[ContainerOption, ...] = (
     process.with_cwd,
     process.with_terminal,
     process.with_user,
+    process.with_rlimits,
     mounts.with_default_mounts,
     mounts.with_pod_files,
     mounts.with_cri_mounts,
@@ -82,6 +82,7 @@ CONTAINER_OPTIONS: tuple[ContainerOption, ...] = (
 SANDBOX_OPTIONS: tuple[SandboxOption, ...] = (
     process.with_sandbox_process,
     process.with_sandbox_user,
+    process.with_rlimits,
     namespaces.with_sandbox_hostname,
     namespaces.with_sandbox_namespaces,
     mounts.with_default_mounts,

@@ -40,6 +40,7 @@ class HostInfo:
     oom: OomScorePolicy
     swap_controller: bool = False          # cgroup v1 memory.memsw.* present
     hugepage_sizes: tuple[str, ...] = ()   # "2MB", "1GB"
+    nofile_limit: int = 1048576            # RLIMIT_NOFILE of containers (capped where hard limits cannot rise)
     mountinfo: Callable[[], str] = lambda: open("/proc/self/mountinfo").read()
 
     @staticmethod
@@ -54,7 +55,17 @@ class HostInfo:
             pass
         swap = (os.path.exists("/sys/fs/cgroup/memory/memory.memsw.limit_in_bytes")
                 or os.path.exists("/sys/fs/cgroup/memory.swap.max"))
-        return HostInfo(host_capabilities(), oom, swap, tuple(sizes))
+        return HostInfo(host_capabilities(), oom, swap, tuple(sizes), nofile_limit(oom))
+
+
+def nofile_limit(oom: OomScorePolicy, wanted: int = 1048576) -> int:
+    """containerd's 1048576 open files, unless this host cannot raise a hard limit (no CAP_SYS_RESOURCE, the
+    same condition that restricts oom_score_adj): then husk-cri's own hard limit, which runtimes may keep."""
+    import resource
+    if oom.minimum <= -1000:
+        return wanted
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    return wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ import stat
 from typing import Any
 
 from cri_server.api.v1 import api_pb2 as pb
+from cri_server.errors import Unimplemented
 from cri_server.spec.context import ContainerContext, SandboxContext, Spec, ensure, invalid
 
 DEFAULT_MOUNTS: tuple[dict[str, Any], ...] = (
@@ -123,7 +124,7 @@ def with_cri_mounts(spec: Spec, ctx: ContainerContext) -> None:
     for i, m in enumerate(ctx.config.mounts):
         where = f"config.mounts[{i}]"
         if m.HasField("image") and m.image.image:
-            raise invalid(f"{where}.image", "image volumes are not supported by husk-cri yet")
+            raise Unimplemented(f"{where}.image: image volumes are not supported by husk-cri")
         if not m.container_path or not m.container_path.startswith("/"):
             raise invalid(f"{where}.container_path", f"{m.container_path!r} must be an absolute path")
         if not m.host_path or not m.host_path.startswith("/"):
@@ -159,10 +160,11 @@ def with_cri_mounts(spec: Spec, ctx: ContainerContext) -> None:
         entries.append({"destination": os.path.normpath(m.container_path), "type": "bind",
                         "source": source, "options": options})
         if m.propagation == pb.PROPAGATION_BIDIRECTIONAL:
-            ensure(spec, "linux")["rootfsPropagation"] = "rshared"
+            # The runtime-spec's values (its schema has no r- forms); runtimes apply them recursively.
+            ensure(spec, "linux")["rootfsPropagation"] = "shared"
         elif m.propagation == pb.PROPAGATION_HOST_TO_CONTAINER and \
-                spec.get("linux", {}).get("rootfsPropagation") != "rshared":
-            ensure(spec, "linux")["rootfsPropagation"] = "rslave"
+                spec.get("linux", {}).get("rootfsPropagation") != "shared":
+            ensure(spec, "linux")["rootfsPropagation"] = "slave"
     for e in sorted(entries, key=lambda e: e["destination"].count("/")):
         _put_mount(spec, e)
 

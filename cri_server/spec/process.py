@@ -95,6 +95,11 @@ def with_user(spec: Spec, ctx: ContainerContext) -> None:
     _user_fields(spec, resolved)
 
 
+def with_rlimits(spec: Spec, ctx: ContainerContext | SandboxContext) -> None:
+    n = ctx.host.nofile_limit
+    ensure(spec, "process")["rlimits"] = [{"type": "RLIMIT_NOFILE", "hard": n, "soft": n}]
+
+
 def with_oom_score_adj(spec: Spec, ctx: ContainerContext) -> None:
     adj = ctx.config.linux.resources.oom_score_adj
     ensure(spec, "process")["oomScoreAdj"] = ctx.host.oom.clamp(adj, ctx.id)

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from cri_server.api.v1 import api_pb2 as pb
-from cri_server.errors import FailedPrecondition, InvalidArgument
+from cri_server.errors import Unimplemented, FailedPrecondition, InvalidArgument
 from cri_server.oom import OomScorePolicy
 from cri_server.spec import builder, mounts, namespaces, process, resources, security, users
 from cri_server.spec.context import ContainerContext, HostInfo, ImageConfig, SandboxContext, SandboxInfo
@@ -206,7 +206,11 @@ def test_cri_mount_propagation(tmp_path):
         pb.Mount(container_path="/b", host_path=str(slave), propagation=pb.PROPAGATION_HOST_TO_CONTAINER))))
     by = {m["destination"]: m for m in spec["mounts"]}
     assert "rshared" in by["/a"]["options"] and "rslave" in by["/b"]["options"]
-    assert spec["linux"]["rootfsPropagation"] == "rshared"
+    # The runtime-spec schema's values: a runtime that validates config.json refuses "rshared".
+    assert spec["linux"]["rootfsPropagation"] == "shared"
+    only_slave = apply(mounts.with_cri_mounts, cctx(tmp_path, host=h, config=mount_config(
+        pb.Mount(container_path="/b", host_path=str(slave), propagation=pb.PROPAGATION_HOST_TO_CONTAINER))))
+    assert only_slave["linux"]["rootfsPropagation"] == "slave"
     with pytest.raises(InvalidArgument, match=r"mounts\[0\].propagation.*not shared"):
         apply(mounts.with_cri_mounts, cctx(tmp_path, host=h, config=mount_config(
             pb.Mount(container_path="/a", host_path=str(slave), propagation=pb.PROPAGATION_BIDIRECTIONAL))))
@@ -221,11 +225,17 @@ def test_cri_mount_propagation(tmp_path):
     (dict(container_path="/x", host_path="/tmp", recursive_read_only=True), "requires readonly"),
     (dict(container_path="/x", host_path="/tmp", recursive_read_only=True, readonly=True,
           propagation=pb.PROPAGATION_BIDIRECTIONAL), "requires PROPAGATION_PRIVATE"),
-    (dict(container_path="/x", image=pb.ImageSpec(image="busybox")), "image volumes"),
 ])
 def test_bad_mounts(tmp_path, m, field):
     with pytest.raises(InvalidArgument, match=field):
         apply(mounts.with_cri_mounts, cctx(tmp_path, config=mount_config(pb.Mount(**m))))
+
+
+def test_image_volumes_are_unimplemented(tmp_path):
+    # Unimplemented (not InvalidArgument): critest and kubelet treat it as "this runtime has no image volumes".
+    with pytest.raises(Unimplemented, match="image volumes"):
+        apply(mounts.with_cri_mounts, cctx(tmp_path, config=mount_config(
+            pb.Mount(container_path="/x", image=pb.ImageSpec(image="busybox")))))
 
 
 def test_missing_host_path_without_creation(tmp_path):

@@ -1,0 +1,255 @@
+"""Task exits: one watcher per live sandbox or container task, waiting on its shim (ttrpc Wait).
+
+When a task exits the watcher records it (exit code, time, reason Completed/Error/OOMKilled; a sandbox turns
+NotReady), deletes the task, ends the shim (a stopped task needs no process) and publishes the event. A shim
+that vanished is read from its durable exit file, or reported as exit 255. Other code waits for exits here
+(StopContainer, StopPodSandbox) instead of polling. Owns no RPC logic.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import signal as signals
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from cri_server.shims import ShimGone
+from cri_server.store.records import ContainerRecord, ContainerState, SandboxRecord, SandboxState
+
+if TYPE_CHECKING:
+    from cri_server.context import Services
+
+log = logging.getLogger(__name__)
+
+REASON_COMPLETED = "Completed"
+REASON_ERROR = "Error"
+REASON_OOM = "OOMKilled"
+REASON_UNKNOWN = "Unknown"
+SHIM_GONE_EXIT = 255
+
+
+@dataclass(frozen=True)
+class ExitInfo:
+    exit_code: int
+    exited_at: int          # ns since the epoch
+    oom: bool = False
+    message: str = ""
+
+    @property
+    def reason(self) -> str:
+        if self.oom:
+            return REASON_OOM
+        if self.message:
+            return REASON_UNKNOWN
+        return REASON_COMPLETED if self.exit_code == 0 else REASON_ERROR
+
+
+def _ts_ns(ts: Any) -> int:
+    if ts is None:
+        return 0
+    return int(ts.seconds) * 1_000_000_000 + int(ts.nanos)
+
+
+class TaskMonitor:
+    def __init__(self, svc: "Services") -> None:
+        self.svc = svc
+        self._watchers: dict[str, asyncio.Task[None]] = {}
+        self._closing = False
+
+    # --- watching ----------------------------------------------------------------------------
+    def watch(self, object_id: str) -> None:
+        """Starts waiting for the exit of the task of `object_id` (a sandbox or a container record)."""
+        t = self._watchers.get(object_id)
+        if t is not None and not t.done():
+            return
+        self._watchers[object_id] = asyncio.get_running_loop().create_task(self._watch(object_id),
+                                                                           name=f"exit-watch-{object_id[:12]}")
+
+    def watching(self, object_id: str) -> bool:
+        t = self._watchers.get(object_id)
+        return t is not None and not t.done()
+
+    async def wait_exit(self, object_id: str, timeout: float | None) -> bool:
+        """True once the exit of `object_id` has been recorded (at once if nothing runs), False on timeout."""
+        t = self._watchers.get(object_id)
+        if t is None or t.done():
+            return True
+        try:
+            await asyncio.wait_for(asyncio.shield(t), timeout)
+        except asyncio.TimeoutError:
+            return False
+        return True
+
+    async def close(self) -> None:
+        """husk-cri is stopping: stop waiting (the tasks keep running; the next husk-cri watches them)."""
+        self._closing = True
+        tasks = [t for t in self._watchers.values() if not t.done()]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._watchers.clear()
+
+    def _address(self, object_id: str) -> str:
+        store = self.svc.store
+        rec: ContainerRecord | SandboxRecord | None = store._containers.get(object_id) or \
+            store._sandboxes.get(object_id)
+        return rec.shim_address if rec is not None else ""
+
+    async def _watch(self, object_id: str) -> None:
+        from shim import ttrpc_wire as w
+        shims = self.svc.need_shims()
+        address = self._address(object_id)
+        if not address:
+            return
+        info: ExitInfo
+        try:
+            resp = await shims.call(object_id, address, "Wait", timeout=None, id=object_id)
+            rec = shims.exit_record(object_id)
+            info = ExitInfo(int(resp.exit_status), _ts_ns(resp.exited_at) or time.time_ns(),
+                            bool(rec and rec.oom_killed))
+        except ShimGone as e:
+            rec = shims.exit_record(object_id)
+            if rec is not None:
+                info = ExitInfo(rec.exit_status, rec.exited_at_ns, rec.oom_killed)
+            else:
+                info = ExitInfo(SHIM_GONE_EXIT, time.time_ns(), message=f"the shim exited: {e}")
+                await self._kill_orphan(object_id)
+        except w.TtrpcError as e:
+            if e.code != w.NOT_FOUND:
+                log.error("waiting for the task failed", extra={"id": object_id, "error": str(e)})
+            info = ExitInfo(SHIM_GONE_EXIT, time.time_ns(), message=f"task lost: {e}")
+        except asyncio.CancelledError:
+            raise
+        await self._finish(object_id, address, info)
+
+    async def _finish(self, object_id: str, address: str, info: ExitInfo) -> None:
+        """Records the exit, deletes the task and ends its shim (every step tolerates a gone shim)."""
+        from shim import ttrpc_wire as w
+        shims = self.svc.need_shims()
+        store = self.svc.store
+        pid = _shim_pid(store, object_id)
+        try:
+            await shims.call(object_id, address, "Delete", timeout=30.0, id=object_id)
+        except ShimGone:
+            pass
+        except w.TtrpcError as e:
+            if e.code != w.NOT_FOUND:
+                log.warning("deleting the exited task failed", extra={"id": object_id, "error": str(e)})
+        self._record_exit(object_id, info)
+        await shims.shutdown(object_id, address, pid)
+        log.info("task exited", extra={"id": object_id, "exit_code": info.exit_code, "reason": info.reason})
+
+    def _record_exit(self, object_id: str, info: ExitInfo) -> None:
+        store = self.svc.store
+        c = store._containers.get(object_id)
+        if c is not None:
+            extra = {k: v for k, v in c.extra.items() if k != "shim_pid"}
+            store.put_container(dataclasses.replace(
+                c, state=ContainerState.EXITED, exit_code=info.exit_code, finished_at=info.exited_at,
+                reason=info.reason, message=info.message or c.message, shim_address="", extra=extra))
+            from cri_server.rpc import events
+            events.publish_container(self.svc, object_id, "stopped")
+            return
+        s = store._sandboxes.get(object_id)
+        if s is not None:
+            extra = {k: v for k, v in s.extra.items() if k != "shim_pid"}
+            extra["exit"] = {"code": info.exit_code, "at": info.exited_at, "reason": info.reason,
+                             "message": info.message}
+            state = SandboxState.NOTREADY if s.state == SandboxState.READY else s.state
+            store.put_sandbox(dataclasses.replace(s, state=state, shim_address="", extra=extra))
+            from cri_server.rpc import events
+            events.publish_sandbox(self.svc, object_id, "stopped")
+
+    async def _kill_orphan(self, object_id: str) -> None:
+        """The shim died without an exit record: the container may still run, unreachable. Remove it with
+        the runtime (runc/husk `delete --force` kills it) so nothing is left behind unaccounted for."""
+        store = self.svc.store
+        rec = store._containers.get(object_id) or store._sandboxes.get(object_id)
+        runtime = rec.extra.get("runtime", "") if rec is not None else ""
+        await force_delete(self.svc, object_id, runtime)
+
+    # --- signalling ----------------------------------------------------------------------------
+    async def kill(self, object_id: str, sig: int, all_processes: bool = False) -> None:
+        """Sends `sig` to the task; a task that already exited is fine."""
+        from shim import ttrpc_wire as w
+        address = self._address(object_id)
+        if not address:
+            return
+        try:
+            await self.svc.need_shims().call(object_id, address, "Kill", timeout=30.0, id=object_id,
+                                             signal=sig, all=all_processes)
+        except ShimGone:
+            return
+        except w.TtrpcError as e:
+            if e.code in (w.NOT_FOUND, w.FAILED_PRECONDITION):
+                return
+            raise
+
+    async def stop(self, object_id: str, sig: int, timeout: float) -> None:
+        """`sig`, then SIGKILL after `timeout` seconds; returns once the exit is recorded."""
+        if not self.watching(object_id):
+            return
+        if sig != signals.SIGKILL and timeout > 0:
+            await self.kill(object_id, sig)
+            if await self.wait_exit(object_id, timeout):
+                return
+            log.info("task did not stop in time; killing it", extra={"id": object_id, "timeout": timeout})
+        await self.kill(object_id, signals.SIGKILL, all_processes=True)
+        if not await self.wait_exit(object_id, 30.0):
+            raise TimeoutError(f"{object_id} did not exit within 30s of SIGKILL")
+
+
+def _shim_pid(store: Any, object_id: str) -> int:
+    rec = store._containers.get(object_id) or store._sandboxes.get(object_id)
+    return int(rec.extra.get("shim_pid", 0)) if rec is not None else 0
+
+
+async def force_delete(svc: "Services", object_id: str, runtime: str) -> None:
+    """`<runtime> --root R delete --force ID` for a task whose shim is gone (best effort, logged)."""
+    import os
+    import sys
+    if not runtime:
+        return
+    if runtime == "husk":
+        binary = os.path.join(os.path.dirname(sys.executable), "husk")
+        if not os.path.exists(binary):
+            return
+    else:
+        binary = runtime
+    try:
+        proc = await asyncio.create_subprocess_exec(binary, "--root", svc.need_shims().root_for(runtime), "delete",
+                                                    "--force", object_id, stdin=asyncio.subprocess.DEVNULL,
+                                                    stdout=asyncio.subprocess.DEVNULL,
+                                                    stderr=asyncio.subprocess.PIPE)
+        _, err = await asyncio.wait_for(proc.communicate(), 30)
+    except (OSError, asyncio.TimeoutError) as e:
+        log.warning("force delete failed", extra={"id": object_id, "error": str(e)})
+        return
+    if proc.returncode != 0 and b"not exist" not in err and b"not found" not in err:
+        log.warning("force delete failed", extra={"id": object_id, "error": err.decode(errors="replace")[-300:]})
+
+
+async def discard_task(svc: "Services", object_id: str, address: str, runtime: str, shim_pid: int = 0) -> None:
+    """Undo of a half-made task: kill it, delete it, end its shim, and let the runtime forget it."""
+    from shim import ttrpc_wire as w
+    shims = svc.need_shims()
+    if address:
+        for method, fields in (("Kill", {"signal": signals.SIGKILL, "all": True}), ("Delete", {})):
+            try:
+                await shims.call(object_id, address, method, timeout=30.0, id=object_id, **fields)
+            except ShimGone:
+                break
+            except w.TtrpcError as e:
+                if e.code not in (w.NOT_FOUND, w.FAILED_PRECONDITION):
+                    log.warning("discarding task: %s failed", method, extra={"id": object_id, "error": str(e)})
+                if method == "Delete" and e.code == w.FAILED_PRECONDITION:
+                    # Still running after SIGKILL: give the exit a moment to be reaped, then try again.
+                    await asyncio.sleep(0.1)
+                    try:
+                        await shims.call(object_id, address, "Delete", timeout=30.0, id=object_id)
+                    except (ShimGone, w.TtrpcError):
+                        pass
+    await shims.shutdown(object_id, address, shim_pid)
+    await force_delete(svc, object_id, runtime)

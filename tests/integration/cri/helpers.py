@@ -1,0 +1,87 @@
+"""Request builders and waits shared by husk-cri's integration tests."""
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from typing import Any, Callable
+
+from cri_server.api.v1 import api_pb2 as pb
+from tests.integration.cri.conftest import BUSYBOX
+from tests.support.cri import CriDaemon
+
+
+def pod_config(cri: CriDaemon, name: str = "", log_dir: str = "", **kw: Any) -> pb.PodSandboxConfig:
+    name = name or f"pod-{uuid.uuid4().hex[:6]}"
+    c = pb.PodSandboxConfig(
+        metadata=pb.PodSandboxMetadata(name=name, namespace="hct", uid=f"uid-{name}", attempt=0),
+        hostname=name, log_directory=log_dir or os.path.join(cri.base, "logs", name),
+        labels={"io.kubernetes.pod.name": name, "test": "hct"}, annotations={"a": "b"}, **kw)
+    c.linux.cgroup_parent = cri.cgroup_parent
+    return c
+
+
+def container_config(name: str, cmd: list[str], image: str = BUSYBOX, **kw: Any) -> pb.ContainerConfig:
+    """A container as kubelet describes one: its own pid namespace (kubelet's default)."""
+    c = pb.ContainerConfig(metadata=pb.ContainerMetadata(name=name), image=pb.ImageSpec(image=image),
+                           command=cmd, log_path=f"{name}.log", labels={"c": name}, **kw)
+    c.linux.security_context.namespace_options.pid = pb.CONTAINER
+    return c
+
+
+def run_pod(rt: Any, config: pb.PodSandboxConfig) -> str:
+    return rt.RunPodSandbox(pb.RunPodSandboxRequest(config=config), timeout=120).pod_sandbox_id
+
+
+def start_container(rt: Any, pod_id: str, pod: pb.PodSandboxConfig, config: pb.ContainerConfig) -> str:
+    cid = rt.CreateContainer(pb.CreateContainerRequest(pod_sandbox_id=pod_id, config=config,
+                                                       sandbox_config=pod), timeout=60).container_id
+    rt.StartContainer(pb.StartContainerRequest(container_id=cid), timeout=60)
+    return cid
+
+
+def status(rt: Any, cid: str) -> pb.ContainerStatus:
+    return rt.ContainerStatus(pb.ContainerStatusRequest(container_id=cid), timeout=30).status
+
+
+def wait_for(pred: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        v = pred()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def wait_exited(rt: Any, cid: str, timeout: float = 30.0) -> pb.ContainerStatus:
+    return wait_for(lambda: (s := status(rt, cid)).state == pb.CONTAINER_EXITED and s, timeout,
+                    f"container {cid[:12]} to exit")
+
+
+def exec_sync(rt: Any, cid: str, cmd: list[str], timeout: int = 30) -> pb.ExecSyncResponse:
+    return rt.ExecSync(pb.ExecSyncRequest(container_id=cid, cmd=cmd, timeout=timeout), timeout=timeout + 30)
+
+
+def leftovers(cri: CriDaemon) -> dict[str, list[str]]:
+    """What exists on the host for objects of this daemon: dirs, runc containers, netns pins, mounts."""
+    from cri_server import fsutil
+    out: dict[str, list[str]] = {}
+    for sub in ("bundles", "shims", "netns", "sandboxes"):
+        d = os.path.join(cri.state, sub)
+        out[sub] = sorted(os.listdir(d)) if os.path.isdir(d) else []
+    for sub in ("sandboxes", "containers"):
+        d = os.path.join(cri.root, sub)
+        out["root-" + sub] = sorted(os.listdir(d)) if os.path.isdir(d) else []
+    active = os.path.join(cri.root, "images", "snapshots", "active")
+    out["snapshots"] = sorted(os.listdir(active)) if os.path.isdir(active) else []
+    out["runtime"] = cri.runtime_ids()
+    out["mounts"] = [m for m in fsutil.mounts_under(cri.state) + fsutil.mounts_under(cri.root)]
+    out["shim_pids"] = [str(p) for p in cri.shim_pids()]
+    return out
+
+
+def nothing_left(cri: CriDaemon) -> None:
+    left = {k: v for k, v in leftovers(cri).items() if v}
+    assert not left, f"left behind: {left}"
