@@ -221,11 +221,20 @@ class RootFs:
     # --- the steps ----------------------------------------------------------------------------
     def prepare_root(self, propagation: str | None) -> None:
         """Stops mounts leaking to the host, then makes the rootfs a mount point (pivot_root needs one)."""
-        # pivot_root refuses shared mounts and an unbindable tree cannot be bound: start from slave (the
-        # default, so host mounts still propagate in) or private; the requested propagation is applied to the
-        # new root after pivot_root (set_root_propagation)
-        flag = sc.MS_SLAVE if propagation in (None, "", "slave") else sc.MS_PRIVATE
+        # Start from slave (the default, so host mounts still propagate in), or shared when asked (as runc: the
+        # copies of the host's shared mounts stay peers of the originals, so a bidirectional volume keeps
+        # propagating both ways), or private (private/unbindable: an unbindable tree cannot be bound). The
+        # requested propagation is applied to the new root again after pivot_root (set_root_propagation).
+        if propagation == "shared":
+            flag = sc.MS_SHARED
+        elif propagation in (None, "", "slave"):
+            flag = sc.MS_SLAVE
+        else:
+            flag = sc.MS_PRIVATE
         sc.mount(None, "/", None, sc.MS_REC | flag)
+        if flag == sc.MS_SHARED:
+            # pivot_root refuses a shared parent mount, and the bind below must not propagate out of it
+            _make_parent_private(self.rootfs)
         sc.mount(self.rootfs, self.rootfs, None, sc.MS_BIND | sc.MS_REC)
         self.rootfd = os.open(self.rootfs, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
 
@@ -562,6 +571,20 @@ def mask_path(path: str) -> None:
 
 def readonly_root() -> None:
     sc.mount(None, "/", None, sc.MS_BIND | sc.MS_REMOUNT | sc.MS_RDONLY | _locked_flags("/"))
+
+
+def _make_parent_private(path: str) -> None:
+    """Makes the mount that contains `path` private (not recursively), as runc's rootfsParentMountPrivate."""
+    real = os.path.realpath(path)
+    best, shared = "/", False
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split(" - ", 1)[0].split()
+            mp = fields[4].replace("\\040", " ")
+            if (real == mp or real.startswith(mp.rstrip("/") + "/")) and len(mp) >= len(best):
+                best, shared = mp, any(o.startswith("shared:") for o in fields[6:])
+    if shared:
+        sc.mount(None, best, None, sc.MS_PRIVATE)
 
 
 def set_root_propagation(propagation: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -253,3 +254,26 @@ def test_unsupported_features_are_config_errors(husk, make_bundle) -> None:
                         (lambda c: c["process"].update(scheduler={"policy": "SCHED_DEADLINE"}), "process.scheduler")):
         cid, cp = husk.create(make_bundle(["true"], edit=edit), check=False)
         assert cp.returncode == 1 and where in cp.stderr and "not" in cp.stderr
+
+
+def test_shared_rootfs_keeps_a_bidirectional_volume_shared(husk, make_bundle, tmp_path: Path) -> None:
+    """rootfsPropagation shared + an rshared bind of a shared host mount: a mount made inside the container
+    appears on the host (critest's "mount with 'rshared'"); before, the root was made private first and the
+    volume lost its peer."""
+    vol = tmp_path / "vol"
+    (vol / "sub").mkdir(parents=True)
+    subprocess.run(["mount", "--bind", str(vol), str(vol)], check=True)
+    try:
+        subprocess.run(["mount", "--make-shared", str(vol)], check=True)
+
+        def edit(c):
+            c["linux"]["rootfsPropagation"] = "shared"
+            c["mounts"].append({"destination": "/vol", "type": "bind", "source": str(vol),
+                                "options": ["rbind", "rshared"]})
+            for key in ("bounding", "effective", "permitted"):
+                c["process"]["capabilities"][key] = sorted(set(c["process"]["capabilities"][key]) | {"CAP_SYS_ADMIN"})
+        run_ok(husk, make_bundle, "mount -t tmpfs husk-prop-test /vol/sub", edit)
+        with open("/proc/self/mountinfo") as f:
+            assert any(line.split()[4] == str(vol / "sub") for line in f), "the container's mount did not reach the host"
+    finally:
+        subprocess.run(["umount", "-R", str(vol)], check=False)
