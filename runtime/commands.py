@@ -200,85 +200,49 @@ def ps(ctx: click.Context, fmt: str, container_id: str, ps_args: tuple[str, ...]
 
 
 @cli.command("exec", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
-@click.option("--process", "-p", "process_file", default=None, help="an OCI process JSON file")
-@click.option("--tty", "-t", is_flag=True, help="allocate a pty (needs --console-socket)")
+@click.option("--process", "-p", "process_file", default=None, help="an OCI process JSON file (then no command)")
+@click.option("--tty", "-t", is_flag=True, help="allocate a pty (with --console-socket, or proxied in the foreground)")
 @click.option("--console-socket", default=None, help="unix socket that receives the pty master")
 @click.option("--detach", "-d", is_flag=True, help="do not wait for the process")
 @click.option("--pid-file", default=None, help="write the process's pid to this file")
 @click.option("--cwd", default=None, help="working directory inside the container")
-@click.option("--env", "-e", multiple=True, help="KEY=value added to the environment")
-@click.option("--user", "-u", default=None, help="uid[:gid]")
-@click.option("--additional-gids", "-g", multiple=True, type=int, help="extra group ids")
-@click.option("--cap", "-c", multiple=True, help="add a capability (e.g. CAP_NET_ADMIN)")
-@click.option("--no-new-privs", is_flag=True, help="set no_new_privs")
-@click.option("--apparmor", default=None, help="AppArmor profile")
-@click.option("--process-label", default=None, help="SELinux label (ignored: SELinux is not supported)")
+@click.option("--env", "-e", multiple=True, help="KEY=value added to the environment (repeatable)")
+@click.option("--user", "-u", default=None, help="uid[:gid] (numbers)")
+@click.option("--additional-gids", "-g", multiple=True, type=int, help="extra group ids (repeatable)")
+@click.option("--cap", "-c", multiple=True, help="add a capability to every set (e.g. CAP_NET_ADMIN; repeatable)")
+@click.option("--no-new-privs", is_flag=True, help="set no_new_privs for the process")
+@click.option("--apparmor", default=None, help="AppArmor profile for the process")
+@click.option("--process-label", default=None, help="SELinux label (an error: SELinux is not supported)")
 @click.option("--preserve-fds", default=0, type=int, help="pass this many fds after stdio to the process")
-@click.option("--cgroup", default=None, help="run in this sub-cgroup of the container ([controller:]path)")
-@click.option("--ignore-paused", is_flag=True, help="accepted for runc compatibility")
+@click.option("--cgroup", multiple=True, help="run in an existing sub-cgroup: [controller[,controller]:]path")
+@click.option("--ignore-paused", is_flag=True, help="allow exec in a paused container")
 @click.argument("container_id")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def exec_(ctx: click.Context, process_file: str | None, tty: bool, console_socket: str | None, detach: bool,
           pid_file: str | None, cwd: str | None, env: tuple[str, ...], user: str | None,
           additional_gids: tuple[int, ...], cap: tuple[str, ...], no_new_privs: bool, apparmor: str | None,
-          process_label: str | None, preserve_fds: int, cgroup: str | None, ignore_paused: bool,
+          process_label: str | None, preserve_fds: int, cgroup: tuple[str, ...], ignore_paused: bool,
           container_id: str, command: tuple[str, ...]) -> None:
-    """Run a new process inside a running container."""
+    """Run a new process inside a running container; exits with its status (255 if it could not start)."""
     g = _g(ctx)
 
     def do() -> int:
-        from runtime import lifecycle
-        process = build_exec_process(g, container_id, process_file, list(command), tty=tty, cwd=cwd, env=env,
-                                     user=user, additional_gids=additional_gids, caps=cap,
-                                     no_new_privs=no_new_privs, apparmor=apparmor)
+        from runtime import execflags, lifecycle
+        if process_file:
+            process = execflags.load_process_file(process_file)
+        else:
+            from runtime import state as st
+            template = st.load(g.root, container_id).config.get("process") or {}
+            process = execflags.from_flags(template, list(command), tty=tty, cwd=cwd, env=env, user=user,
+                                           additional_gids=additional_gids, caps=cap, no_new_privs=no_new_privs,
+                                           apparmor=apparmor, process_label=process_label)
         rc = lifecycle.exec_process(g.root, container_id, process, console_socket=console_socket,
-                                    pid_file=pid_file, detach=detach, preserve_fds=preserve_fds, cgroup=cgroup)
+                                    pid_file=pid_file, detach=detach, preserve_fds=preserve_fds,
+                                    cgroup=execflags.sub_cgroups(cgroup) or None, ignore_paused=ignore_paused)
         return 0 if detach else rc
-    _finish(ctx, c.guard(g, do))
-
-
-def build_exec_process(g: c.Globals, container_id: str, process_file: str | None, command: list[str], *,
-                       tty: bool, cwd: str | None, env: tuple[str, ...], user: str | None,
-                       additional_gids: tuple[int, ...], caps: tuple[str, ...], no_new_privs: bool,
-                       apparmor: str | None) -> dict[str, Any]:
-    """runc's rules: --process is used as given; otherwise the container's process is the template."""
-    import json
-    if process_file:
-        with open(process_file) as f:
-            try:
-                return json.load(f)
-            except ValueError as e:
-                raise HuskError(f"--process {process_file}: invalid JSON: {e}") from None
-    if not command:
-        raise HuskError("exec: give a command or --process FILE")
-    from runtime import state as st
-    base = dict(st.load(g.root, container_id).config.get("process") or {})
-    proc: dict[str, Any] = {
-        "args": command, "cwd": cwd or base.get("cwd") or "/", "terminal": tty,
-        "env": list(base.get("env") or []) + list(env),
-        "user": dict(base.get("user") or {"uid": 0, "gid": 0}),
-        "capabilities": {k: list(v) for k, v in (base.get("capabilities") or {}).items()},
-        "noNewPrivileges": bool(base.get("noNewPrivileges")) or no_new_privs,
-    }
-    if base.get("rlimits"):
-        proc["rlimits"] = base["rlimits"]
-    if apparmor or base.get("apparmorProfile"):
-        proc["apparmorProfile"] = apparmor or base["apparmorProfile"]
-    if user:
-        uid, _, gid = user.partition(":")
-        try:
-            proc["user"] = {"uid": int(uid), "gid": int(gid) if gid else 0}
-        except ValueError:
-            raise HuskError(f"--user {user!r}: expected uid[:gid] (numbers)") from None
-    if additional_gids:
-        proc["user"]["additionalGids"] = list(additional_gids)
-    for name in caps:
-        for kind in ("bounding", "effective", "permitted", "ambient"):
-            proc["capabilities"].setdefault(kind, [])
-            if name not in proc["capabilities"][kind]:
-                proc["capabilities"][kind].append(name)
-    return proc
+    # runc: a process that could not be started is "exec failed: ..." with status 255
+    _finish(ctx, c.guard(g, do, fail_code=255, prefix="exec failed: "))
 
 
 @cli.command()

@@ -261,12 +261,32 @@ def processes(root: str, container_id: str) -> list[int]:
 
 def exec_process(root: str, container_id: str, process: dict[str, Any], *, console_socket: str | None = None,
                  pid_file: str | None = None, detach: bool = False, preserve_fds: int = 0,
-                 cgroup: str | None = None) -> int:
-    """Runs `process` (an OCI process object) inside the container; detach: its pid, else its exit code.
-    Like create, this makes the caller a child subreaper."""
+                 cgroup: str | dict[str, str] | None = None, ignore_paused: bool = False) -> int:
+    """Runs `process` (an OCI process object) inside the container; detach: its pid, else its exit code
+    (128+signal if killed). A terminal process needs `console_socket`, except in the foreground, where the
+    caller's own stdio is proxied to the pty (as runc does). `cgroup`: a sub-cgroup path, or
+    {controller or "": path} (runc's --cgroup). Like create, this makes the caller a child subreaper."""
     from runtime import execute
-    return execute.exec_process(root, container_id, process, console_socket=console_socket, pid_file=pid_file,
-                                detach=detach, preserve_fds=preserve_fds, cgroup=cgroup)
+    proxy = None
+    if process.get("terminal") and not console_socket:
+        if detach:
+            raise SetupError("cannot allocate a tty for a detached exec without --console-socket")
+        from runtime.foreground import ConsoleProxy
+        proxy = ConsoleProxy()
+        console_socket = proxy.path
+    try:
+        pid = execute.exec_process(root, container_id, process, console_socket=console_socket, pid_file=pid_file,
+                                   detach=detach or proxy is not None, preserve_fds=preserve_fds, cgroup=cgroup,
+                                   ignore_paused=ignore_paused)
+        if proxy is None:
+            return pid  # detached: the pid; in the foreground execute waited and returned the exit code
+        from runtime import foreground
+        proxy.accept()
+        foreground.forward_signals(pid)
+        return proxy.pump(pid)
+    finally:
+        if proxy is not None:
+            proxy.close()
 
 
 def run(root: str, container_id: str, bundle: str, *, detach: bool = False, console_socket: str | None = None,

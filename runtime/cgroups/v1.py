@@ -172,9 +172,38 @@ class V1Manager:
             except OSError as e:
                 raise SetupError(f"add pid {pid} to {path}: {e.strerror}") from None
 
+    def apply_split(self, pid: int, paths: dict[str, str]) -> None:
+        """`exec --cgroup ctrl:sub` on v1: moves `pid` into `paths[ctrl]` (absolute within the hierarchy) for
+        the controllers named there and into this cgroup for the others."""
+        for ctrl in paths:
+            if ctrl not in self.hier:
+                raise SetupError(f"unknown controller {ctrl!r} in --cgroup (mounted here: {' '.join(self.hier)})")
+        by_mount: dict[str, str] = {}
+        for ctrl, mnt in self.hier.items():
+            want = paths.get(ctrl)
+            if want is not None or mnt not in by_mount:
+                by_mount[mnt] = want if want is not None else by_mount.get(mnt, self.path)
+        for mnt, path in by_mount.items():
+            d = mnt + path if path != "/" else mnt
+            try:
+                with open(os.path.join(d, "cgroup.procs"), "w") as f:
+                    f.write(str(pid))
+            except FileNotFoundError:
+                raise SetupError(f"add pid {pid} to cgroup {path}: {d} does not exist") from None
+            except OSError as e:
+                raise SetupError(f"add pid {pid} to {d}/cgroup.procs: {e.strerror}") from None
+
     def destroy(self) -> None:
+        """Removes the cgroup in every hierarchy, sub-cgroups first (made by `exec --cgroup` users or by a
+        systemd inside the container), as runc does."""
         errors = []
-        for d in self._dirs():
+        dirs = []
+        for top in self._dirs():
+            try:
+                dirs += [dp for dp, _d, _f in os.walk(top, topdown=False)]
+            except OSError:
+                dirs.append(top)
+        for d in dirs:
             for attempt in range(50):
                 try:
                     os.rmdir(d)
