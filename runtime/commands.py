@@ -266,28 +266,35 @@ def resume(ctx: click.Context, container_id: str) -> None:
 
 
 @cli.command()
-@click.option("--resources", "-r", "resources", default=None, help="a linux.resources JSON file, '-' for stdin")
+@click.option("--resources", "-r", "resources", default=None,
+              help="a linux.resources JSON file, '-' for stdin (then the other flags are ignored)")
+@click.option("--blkio-weight", default=None, help="block IO weight, 10..1000")
+@click.option("--cpu-period", default=None, help="CPU CFS period (microseconds)")
+@click.option("--cpu-quota", default=None, help="CPU CFS quota (microseconds per period)")
+@click.option("--cpu-share", default=None, help="CPU shares (relative weight)")
+@click.option("--cpu-rt-period", default=None, help="CPU realtime period (microseconds)")
+@click.option("--cpu-rt-runtime", default=None, help="CPU realtime runtime (microseconds per period)")
+@click.option("--cpuset-cpus", default=None, help="CPUs to use (e.g. 0-2,4)")
+@click.option("--cpuset-mems", default=None, help="memory nodes to use")
+@click.option("--memory", default=None, help="memory limit (bytes, or 64m, 1g ...; -1 unlimited)")
+@click.option("--memory-reservation", default=None, help="memory soft limit")
+@click.option("--memory-swap", default=None, help="memory + swap limit (-1 unlimited)")
+@click.option("--pids-limit", default=None, help="maximum number of pids (-1 unlimited)")
+@click.option("--l3-cache-schema", default=None, help="Intel RDT L3 cache schema (not supported: an error)")
+@click.option("--mem-bw-schema", default=None, help="Intel RDT memory bandwidth schema (not supported: an error)")
 @click.argument("container_id")
 @click.pass_context
-def update(ctx: click.Context, resources: str | None, container_id: str) -> None:
-    """Change the cgroup limits of a container (linux.resources JSON)."""
+def update(ctx: click.Context, resources: str | None, l3_cache_schema: str | None, mem_bw_schema: str | None,
+           container_id: str, **flags: str | None) -> None:
+    """Change the cgroup limits of a running container (runc's flags, or a linux.resources JSON)."""
     g = _g(ctx)
 
     def do() -> int:
-        import json
-        from runtime import state as st
-        from runtime.cgroups import manager_for
-        if resources is None:
-            raise HuskError("update: --resources FILE (or -) is required")
-        data = sys.stdin.read() if resources == "-" else open(resources).read()
-        try:
-            res = json.loads(data)
-        except ValueError as e:
-            raise HuskError(f"--resources: invalid JSON: {e}") from None
-        from runtime import config
-        config.check_schema({"ociVersion": "1.0.0", "linux": {"resources": res}})
-        rec = st.load(g.root, container_id)
-        manager_for(rec.cgroup_path).set(res)
+        from runtime import lifecycle, update as up
+        if l3_cache_schema or mem_bw_schema:
+            raise HuskError("Intel RDT (--l3-cache-schema/--mem-bw-schema) is not supported by husk")
+        res = up.read_resources(resources) if resources is not None else up.from_flags(flags)
+        lifecycle.update(g.root, container_id, res)
         return 0
     _finish(ctx, c.guard(g, do))
 

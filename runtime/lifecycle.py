@@ -240,6 +240,36 @@ def resume(root: str, container_id: str) -> None:
         manager_for(rec.cgroup_path).thaw()
 
 
+def update(root: str, container_id: str, resources: dict[str, Any]) -> dict[str, Any]:
+    """Changes the container's cgroup limits live from a `linux.resources` object, by runc's update rules
+    (runtime/update.py: only the fields runc updates; 0 or "" leaves a value as it is), and records them in
+    the state so later calls see them. Returns the container's resources afterwards."""
+    from runtime import config, update as up
+    from runtime.cgroups import manager_for
+    from runtime.errors import ConfigError, HuskError
+    try:
+        config.check_schema({"ociVersion": "1.0.0", "linux": {"resources": resources}})
+    except ConfigError as e:
+        raise HuskError(f"update {container_id}: resources: {e.path[len('linux.resources.'):] or e.path}: "
+                        f"{e.reason}") from None
+    sdir = st.container_dir(root, container_id)
+    with st.Lock(sdir):
+        rec = st.load(root, container_id)
+        if st.status(root, rec) == "stopped":
+            raise InvalidState(NOT_RUNNING)
+        change, ignored = up.changes(resources)
+        if ignored:
+            logutil.warning("update %s: not changed by update (as runc): %s", container_id, ", ".join(ignored),
+                            container_id=container_id)
+        linux = rec.config.setdefault("linux", {})
+        apply, merged = up.plan(linux.get("resources") or {}, change)
+        if apply:
+            manager_for(rec.cgroup_path).set(apply)
+        linux["resources"] = merged
+        st.save(sdir, rec)
+    return merged
+
+
 def list_containers(root: str) -> list[dict[str, Any]]:
     out = []
     for cid in st.list_ids(root):
