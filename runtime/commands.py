@@ -300,6 +300,81 @@ def update(ctx: click.Context, resources: str | None, l3_cache_schema: str | Non
 
 
 @cli.command()
+@click.option("--interval", default="5s", show_default=True, help="time between stats events (Go duration: 5s, 500ms)")
+@click.option("--stats", "stats_once", is_flag=True, help="print the container's stats once, then exit")
+@click.argument("container_id")
+@click.pass_context
+def events(ctx: click.Context, interval: str, stats_once: bool, container_id: str) -> None:
+    """Print a running container's events (stats every --interval, OOM notifications) as JSON lines."""
+    g = _g(ctx)
+
+    def do() -> int:
+        from runtime import events as ev
+        seconds = ev.parse_duration(interval)
+        try:
+            return ev.run(g.root, container_id, interval=seconds, stats_once=stats_once)
+        except KeyboardInterrupt:
+            return 130
+    _finish(ctx, c.guard(g, do))
+
+
+@cli.command()
+@click.argument("container_id")
+@click.option("--image-path", default=None)
+@click.option("--work-path", default=None)
+@click.option("--parent-path", default=None)
+@click.option("--leave-running", is_flag=True)
+@click.option("--tcp-established", is_flag=True)
+@click.option("--ext-unix-sk", is_flag=True)
+@click.option("--shell-job", is_flag=True)
+@click.option("--lazy-pages", is_flag=True)
+@click.option("--status-fd", default=None)
+@click.option("--page-server", default=None)
+@click.option("--file-locks", is_flag=True)
+@click.option("--pre-dump", is_flag=True)
+@click.option("--manage-cgroups-mode", default=None)
+@click.option("--empty-ns", multiple=True)
+@click.option("--auto-dedup", is_flag=True)
+@click.pass_context
+def checkpoint(ctx: click.Context, container_id: str, **_criu: Any) -> None:
+    """Not supported: husk has no CRIU checkpoint/restore (an error, the container is not touched)."""
+    g = _g(ctx)
+    _finish(ctx, c.guard(g, lambda: _no_criu("checkpoint", container_id)))
+
+
+@cli.command()
+@click.argument("container_id")
+@click.option("--bundle", "-b", default=None)
+@click.option("--console-socket", default=None)
+@click.option("--pid-file", default=None)
+@click.option("--detach", "-d", is_flag=True)
+@click.option("--image-path", default=None)
+@click.option("--work-path", default=None)
+@click.option("--tcp-established", is_flag=True)
+@click.option("--ext-unix-sk", is_flag=True)
+@click.option("--shell-job", is_flag=True)
+@click.option("--file-locks", is_flag=True)
+@click.option("--manage-cgroups-mode", default=None)
+@click.option("--no-subreaper", is_flag=True)
+@click.option("--no-pivot", is_flag=True)
+@click.option("--empty-ns", multiple=True)
+@click.option("--auto-dedup", is_flag=True)
+@click.option("--lazy-pages", is_flag=True)
+@click.option("--lsm-profile", default=None)
+@click.option("--lsm-mount-context", default=None)
+@click.pass_context
+def restore(ctx: click.Context, container_id: str, **_criu: Any) -> None:
+    """Not supported: husk has no CRIU checkpoint/restore (an error; nothing is created)."""
+    g = _g(ctx)
+    _finish(ctx, c.guard(g, lambda: _no_criu("restore", container_id)))
+
+
+def _no_criu(verb: str, container_id: str) -> int:
+    raise HuskError(f"{verb} {container_id}: checkpoint/restore is not supported by husk (it has no CRIU "
+                    f"integration); nothing was changed")
+
+
+@cli.command()
 @click.pass_context
 def features(ctx: click.Context) -> None:
     """Print what this runtime supports (the runtime-spec features JSON)."""
