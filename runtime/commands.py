@@ -377,36 +377,13 @@ def _no_criu(verb: str, container_id: str) -> int:
 @cli.command()
 @click.pass_context
 def features(ctx: click.Context) -> None:
-    """Print what this runtime supports (the runtime-spec features JSON)."""
+    """Print what this runtime supports (the runtime-spec features JSON), computed from its own tables."""
     g = _g(ctx)
 
     def do() -> int:
-        import importlib.util
-        import os
-        from runtime import config, rootfs
+        from runtime.features import document
         from runtime.state import dumps_json
-        seccomp = importlib.util.find_spec("runtime.seccomp") is not None
-        namespaces = ["cgroup", "ipc", "mount", "network", "pid", "user", "uts"]
-        if os.path.exists("/proc/self/ns/time"):
-            namespaces.append("time")
-        opts = sorted(set(rootfs._FLAGS) | set(rootfs.PROPAGATION) | set(rootfs._RATTRS))
-        click.echo(dumps_json({
-            "ociVersionMin": "1.0.0",
-            "ociVersionMax": "1.3.0",
-            "hooks": list(config.HOOK_KINDS),
-            "mountOptions": opts,
-            "linux": {
-                "namespaces": namespaces,
-                "capabilities": list(config.CAPABILITIES),
-                "cgroup": {"v1": True, "v2": True, "systemd": False, "systemdUser": False, "rdma": False},
-                "seccomp": {"enabled": seccomp},
-                "apparmor": {"enabled": True},
-                "selinux": {"enabled": False},
-                "intelRdt": {"enabled": False},
-                "mountExtensions": {"idmap": {"enabled": False}},
-            },
-            "annotations": {"org.husk.version": VERSION},
-        }, indent=2))
+        click.echo(dumps_json(document(), indent=4))
         return 0
     _finish(ctx, c.guard(g, do))
 
