@@ -200,6 +200,16 @@ def exec_process(proc: dict[str, Any], path: str, env: dict[str, str], *, seccom
     if proc.get("rlimits") and not rlimits_set:
         set_rlimits(proc["rlimits"])
     apply_scheduling(proc, personality)
+    # Before any seccomp filter: profiles written before close_range(2) existed (runtime-tools', older
+    # docker ones) refuse it, and without noNewPrivileges the filter is loaded right below.
+    first = 3 + preserve_fds
+    sc.close_range(first, 0xFFFFFFFF, sc.CLOSE_RANGE_CLOEXEC)
+    # stdio and the preserved fds must survive execve even if the caller opened them close-on-exec
+    for fd in (0, 1, 2, *range(3, first), *keep_fds):
+        try:
+            os.set_inheritable(fd, True)
+        except OSError:
+            pass
     if seccomp is not None and not nnp:
         from runtime import seccomp as seccomp_mod
         seccomp_mod.install(seccomp, False)
@@ -219,14 +229,6 @@ def exec_process(proc: dict[str, Any], path: str, env: dict[str, str], *, seccom
     for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
-    first = 3 + preserve_fds
-    sc.close_range(first, 0xFFFFFFFF, sc.CLOSE_RANGE_CLOEXEC)
-    # stdio and the preserved fds must survive execve even if the caller opened them close-on-exec
-    for fd in (0, 1, 2, *range(3, first), *keep_fds):
-        try:
-            os.set_inheritable(fd, True)
-        except OSError:
-            pass
     if seccomp is not None and nnp:
         from runtime import seccomp as seccomp_mod
         seccomp_mod.install(seccomp, True)
