@@ -68,12 +68,22 @@ def _release(fifo: str, rec: st.Record) -> str | None:
     """Opens the fifo for reading (unblocking the init) and reads until the init execs (EOF).
     Returns None on success, else the init's error message."""
     import select
-    fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    # The pidfd first: until the fifo is opened the init is blocked, so it cannot have exited and been
+    # reaped yet. (Opened after the fifo, a short-lived program could run, exit and be reaped by the
+    # subreaper before pidfd_open, and a successful start would be reported as "init is gone".)
     try:
-        try:
-            pidfd = os.pidfd_open(rec.pid)  # os's, not ctypes': `start` then needs no ctypes import
-        except OSError:
-            return "the container init is gone"
+        pidfd = os.pidfd_open(rec.pid)  # os's, not ctypes': `start` then needs no ctypes import
+    except OSError:
+        return "the container init is gone"
+    if not st.init_alive(rec):
+        os.close(pidfd)
+        return "the container init is gone"
+    try:
+        fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except BaseException:
+        os.close(pidfd)
+        raise
+    try:
         try:
             data = b""
             init_gone = False
