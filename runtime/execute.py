@@ -102,11 +102,12 @@ def _with_container_defaults(process: dict[str, Any], container: dict[str, Any])
 
 def _listen_fds(preserve_fds: int, process: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     """Socket activation as runc: when LISTEN_PID names us, the LISTEN_FDS fds after stdio go along too."""
-    listen, lpid = os.environ.get("LISTEN_FDS", ""), os.environ.get("LISTEN_PID", "")
-    if not (listen.isdigit() and int(listen) > 0 and lpid == str(os.getpid())):
+    from runtime.parent import activated_fds
+    listen = activated_fds()
+    if not listen:
         return preserve_fds, process
     env = list(process.get("env") or []) + [f"LISTEN_FDS={listen}", "LISTEN_PID=1"]
-    return preserve_fds + int(listen), {**process, "env": env}
+    return preserve_fds + listen, {**process, "env": env}
 
 
 def _cgroup_joiner(base: str, cgroup: "str | dict[str, str] | None") -> "Any":

@@ -222,3 +222,30 @@ def test_apparmor_is_a_clear_error_without_apparmor(husk, make_bundle) -> None:
     husk.run(make_bundle(["sleep", "1000"]), cid, "-d")
     cp = husk("exec", "--apparmor", "some-profile", cid, "true", check=False, stdin=subprocess.DEVNULL)
     assert cp.returncode == 255 and "AppArmor" in cp.stderr
+
+
+@pytest.mark.parametrize("verb", ["exec", "run"])
+def test_socket_activation_needs_listen_pid_to_name_the_runtime(husk, make_bundle, tmp_path: Path, verb: str) -> None:
+    """LISTEN_FDS fds go to the process only when LISTEN_PID is the runtime's own pid (systemd's rule, as runc)."""
+    import shlex
+    cid = unique("rtit-efsa")
+    if verb == "exec":
+        husk.run(make_bundle(["sleep", "1000"]), cid, "-d")
+    data = tmp_path / "sock-data"
+    data.write_text("activated\n")
+    script = 'echo "fds=$LISTEN_FDS pid=$LISTEN_PID"; cat <&3 2>/dev/null || echo no-fd'
+    husk_cmd = " ".join(shlex.quote(a) for a in [*husk.argv, "--root", husk.root])
+    if verb == "exec":
+        call = f"{husk_cmd} exec {cid} sh -c {shlex.quote(script)}"
+    else:
+        b = make_bundle(["sh", "-c", script])
+        husk.created.append(cid)
+        call = f"{husk_cmd} run --bundle {shlex.quote(str(b))} {cid}"
+
+    def via_shell(listen_pid: str) -> str:
+        line = f"exec 3<{shlex.quote(str(data))}; LISTEN_FDS=1 LISTEN_PID={listen_pid} exec {call}"
+        return subprocess.run(["sh", "-c", line], capture_output=True, text=True, timeout=60,
+                              stdin=subprocess.DEVNULL).stdout
+    # `exec` keeps the shell's pid, so $$ is the runtime's pid
+    assert via_shell("$$").split("\n")[:2] == ["fds=1 pid=1", "activated"]
+    assert via_shell("1").split("\n")[:2] == ["fds= pid=", "no-fd"]
