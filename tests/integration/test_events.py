@@ -46,6 +46,9 @@ def test_stats_have_runcs_shape(husk, runc, make_bundle) -> None:
     assert (h["type"], r["type"]) == ("stats", "stats")
     assert h["id"] != r["id"]
     # runc's raw memory.stat keys and the per-cpu lists come from the same kernel files
+    from runtime.cgroups import is_unified
+    if is_unified():  # husk also reports cgroup v2's memory.peak, which runc 1.1.5 does not read
+        h["data"]["memory"]["usage"].pop("max", None)
     assert shape(h) == shape(r), json.dumps([shape(h), shape(r)])
     assert h["data"]["pids"] == {"current": 1, "limit": 40} == r["data"]["pids"]
     assert h["data"]["memory"]["usage"]["limit"] == r["data"]["memory"]["usage"]["limit"] == 64 << 20
@@ -68,7 +71,10 @@ def test_interval_stream_and_end_when_container_stops(husk, make_bundle) -> None
         lines = [p.stdout.readline() for _ in range(3)]
         assert all(json.loads(x)["type"] == "stats" for x in lines)
         husk("kill", cid, "KILL")
-        assert p.wait(timeout=30) == 0  # the stream ends with the container
+        # the stream ends with the container (read on meanwhile: a full pipe would block the writer)
+        rest, _ = p.communicate(timeout=60)
+        assert p.returncode == 0
+        assert all(json.loads(x)["type"] == "stats" for x in rest.splitlines())
     finally:
         if p.poll() is None:
             p.kill()
