@@ -268,9 +268,9 @@ def update(root: str, container_id: str, resources: dict[str, Any]) -> dict[str,
         if st.status(root, rec) == "stopped":
             raise InvalidState(NOT_RUNNING)
         change, ignored = up.changes(resources)
-        if ignored:
-            logutil.warning("update %s: not changed by update (as runc): %s", container_id, ", ".join(ignored),
-                            container_id=container_id)
+        if ignored:  # containerd's CRI plugin sends the whole linux.resources (devices too) on every update
+            logutil.debug("update %s: left as they are (runc's update does not change them): %s", container_id,
+                          ", ".join(ignored), container_id=container_id)
         linux = rec.config.setdefault("linux", {})
         apply, merged = up.plan(linux.get("resources") or {}, change)
         if apply:
