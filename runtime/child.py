@@ -19,9 +19,17 @@ if TYPE_CHECKING:
 JOIN_ORDER = ("user", "ipc", "uts", "network", "pid", "cgroup", "time", "mount")
 
 
-def run(ctx: "CreateContext", chan: "Channel") -> None:
+def run(ctx: "CreateContext", chan: "Channel", reentered: bool = False) -> None:
     """Never returns: exits 0 after forking the init, 1 after reporting an error to the parent."""
     try:
+        from runtime import exeguard
+        if not exeguard.is_protected():
+            # CVE-2019-5736 class: we and the init we fork enter the container; continue from an interpreter the
+            # container can never write to (see runtime/exeguard.py)
+            if reentered:
+                raise SetupError("the runtime's interpreter is still writable after the protected re-exec")
+            exeguard.reenter("create", {"ctx": ctx.to_payload(), "chan": (chan.rfd, chan.wfd)},
+                             [chan.rfd, chan.wfd, ctx.fifo_fd, ctx.console_fd, ctx.listener_fd])
         cfg = ctx.cfg
         seen: set[str] = set()
 
@@ -39,9 +47,8 @@ def run(ctx: "CreateContext", chan: "Channel") -> None:
         from runtime import init
         ctx.seccomp = init.preload(cfg.raw)
         userns_new = cfg.new_ns("user")
-        if not userns_new:
-            # CVE-2019-5736 class: nothing in the container may open /proc/<us>/exe (the host interpreter)
-            sc.set_dumpable(False)
+        # CVE-2019-5736 class: nothing in the container may open /proc/<us>/exe (the host interpreter)
+        sc.set_dumpable(False)
         fds = []
         for kind in JOIN_ORDER:
             ns = cfg.ns(kind)
@@ -62,8 +69,12 @@ def run(ctx: "CreateContext", chan: "Channel") -> None:
                 os.close(fd)
         if userns_new:
             sc.unshare(sc.CLONE_NEWUSER)
+            # the parent writes our /proc/<pid>/{uid,gid}_map and setgroups: a non-dumpable process's proc files
+            # belong to host root, out of an unprivileged runtime's reach. Nothing of the container exists yet.
+            sc.set_dumpable(True)
             chan.send("maps")
             wait_for("mapped")
+            sc.set_dumpable(False)
             os.setresgid(0, 0, 0)
             os.setresuid(0, 0, 0)
         flags = 0
@@ -85,7 +96,7 @@ def run(ctx: "CreateContext", chan: "Channel") -> None:
                 f.write(lines)
         pid = os.fork()
         if pid == 0:
-            init.run(ctx, chan)  # never returns  # never returns
+            init.run(ctx, chan)  # never returns
         chan.send("pid", str(pid))
         os._exit(0)
     except BaseException as e:  # report anything, then exit: this process must never return to the caller
@@ -94,3 +105,15 @@ def run(ctx: "CreateContext", chan: "Channel") -> None:
         finally:
             os._exit(1)
 
+
+
+def resume(payload: dict) -> None:
+    """The protected re-exec continues here (runtime.exeguard.resume); never returns."""
+    from runtime.parent import CreateContext
+    from runtime.sync import Channel
+    ctx = CreateContext.from_payload(payload["ctx"])
+    chan = Channel(*payload["chan"])
+    for fd in (chan.rfd, chan.wfd, ctx.fifo_fd, ctx.console_fd, ctx.listener_fd):
+        if fd >= 0:
+            os.set_inheritable(fd, False)
+    run(ctx, chan, reentered=True)

@@ -80,22 +80,55 @@ class Config:
         return self.raw.get("hooks") or {}
 
 
+# Bounds on what a bundle can make the runtime read and hold: far above any real config (Kubernetes caps a whole
+# pod object at 1.5 MB), far below what would hurt the node.
+MAX_CONFIG_BYTES = 16 << 20
+
+
 def load(bundle: str) -> Config:
     """Reads and checks `<bundle>/config.json`. Raises ConfigError; touches nothing."""
     path = os.path.join(bundle, "config.json")
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        raise ConfigError("", f"{path} does not exist") from None
-    except OSError as e:
-        raise ConfigError("", f"cannot read {path}: {e.strerror}") from None
+    data = _read_config(path)
     from runtime import jsonload
     try:
         raw = jsonload.loads(data)
     except ValueError as e:
         raise ConfigError("", f"invalid JSON in {path}: {e}") from None
+    except RecursionError:
+        raise ConfigError("", f"invalid JSON in {path}: nested too deeply") from None
     return check(raw, bundle)
+
+
+def _read_config(path: str) -> bytes:
+    try:
+        # O_NONBLOCK: a fifo named config.json must be an error, not a runtime blocked forever
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise ConfigError("", f"{path} does not exist") from None
+    except OSError as e:
+        raise ConfigError("", f"cannot read {path}: {e.strerror}") from None
+    try:
+        import stat
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError("", f"{path} is not a regular file")
+        if st.st_size > MAX_CONFIG_BYTES:
+            raise ConfigError("", f"{path} is {st.st_size} bytes, more than husk's limit of {MAX_CONFIG_BYTES}")
+        chunks = []
+        total = 0
+        while True:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                break
+            total += len(chunk)
+            if total > MAX_CONFIG_BYTES:  # it grew while we read
+                raise ConfigError("", f"{path} is more than husk's limit of {MAX_CONFIG_BYTES} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+    except OSError as e:
+        raise ConfigError("", f"cannot read {path}: {e.strerror}") from None
+    finally:
+        os.close(fd)
 
 
 def check_schema(raw: Any) -> None:
@@ -128,6 +161,11 @@ def check(raw: Any, bundle: str, *, require_rootfs: bool = True) -> Config:
             raise ConfigError("root.path", f"rootfs {rootfs} does not exist")
         if not os.path.isdir(rootfs):
             raise ConfigError("root.path", f"rootfs {rootfs} is not a directory")
+        real = os.path.realpath(rootfs)
+        if real != rootfs:
+            # as runc: the container's / is never reached through a symlink (it could point anywhere, / itself)
+            raise ConfigError("root.path", f"rootfs {rootfs} is reached through a symlink (it resolves to {real}); "
+                                           f"give the real path")
     cfg = Config(raw=raw, bundle=bundle, rootfs=rootfs)
     _check_process(raw.get("process"), "process", create=True)
     _check_linux(cfg)
@@ -148,6 +186,7 @@ def _check_process(proc: dict[str, Any] | None, where: str, *, create: bool) -> 
     args = proc.get("args")
     if not args:
         raise ConfigError(f"{where}.args", "must have at least one entry on Linux")
+    _check_exec_size(proc, where)
     if not os.path.isabs(proc["cwd"]):
         raise ConfigError(f"{where}.cwd", f"{proc['cwd']!r} is not an absolute path")
     for i, env in enumerate(proc.get("env") or []):
@@ -170,6 +209,52 @@ def _check_process(proc: dict[str, Any] | None, where: str, *, create: bool) -> 
             raise ConfigError(f"{where}.rlimits[{i}]", f"soft limit {rl['soft']} exceeds hard limit {rl['hard']}")
     if proc.get("terminal") is not None and not isinstance(proc.get("terminal"), bool):
         raise ConfigError(f"{where}.terminal", "must be a boolean")
+    if proc.get("selinuxLabel"):
+        # as runc: a label that cannot be applied is an error, never a silently unconfined process
+        raise ConfigError(f"{where}.selinuxLabel", selinux_refusal())
+
+
+def selinux_enabled() -> bool:
+    return os.path.exists("/sys/fs/selinux/enforce")
+
+
+def selinux_refusal() -> str:
+    if not selinux_enabled():
+        return "an SELinux label is set but SELinux is disabled or not supported on this host (as runc refuses)"
+    return "husk does not apply SELinux labels (`husk features` reports selinux.enabled false)"
+
+
+MAX_ARG_STRLEN = 32 * 4096  # the kernel's limit on one argument or environment string, NUL included
+
+
+def _check_exec_size(proc: dict[str, Any], where: str) -> None:
+    """execve(2) would refuse these args and env with E2BIG once the container starts: say so at create instead.
+    The kernel allows a quarter of the stack rlimit (at most 6 MiB, at least 128 KiB) for the strings and
+    their pointers, and 128 KiB for any one string."""
+    strings = [*proc["args"], *(proc.get("env") or [])]
+    total = 0
+    for i, item in enumerate(strings):
+        n = len(item.encode(errors="surrogateescape")) + 1
+        if "\0" in item:
+            kind, j = ("args", i) if i < len(proc["args"]) else ("env", i - len(proc["args"]))
+            raise ConfigError(f"{where}.{kind}[{j}]", "contains a NUL character")
+        if n > MAX_ARG_STRLEN:
+            kind, j = ("args", i) if i < len(proc["args"]) else ("env", i - len(proc["args"]))
+            raise ConfigError(f"{where}.{kind}[{j}]", f"is {n - 1} bytes; execve takes at most {MAX_ARG_STRLEN - 1}")
+        total += n + 8
+    total += len(proc["args"][0]) + 1 + 64  # the program's path is copied too; HOME may be added
+    import resource
+    stack = resource.getrlimit(resource.RLIMIT_STACK)[0]
+    for rl in proc.get("rlimits") or []:
+        if rl.get("type") == "RLIMIT_STACK":
+            stack = rl["soft"]
+    limit = 6 << 20 if stack == resource.RLIM_INFINITY or stack >= 24 << 20 else stack // 4
+    limit = max(limit, 128 << 10)
+    if total > limit:
+        raise ConfigError(f"{where}.env", f"{len(proc.get('env') or [])} variables and {len(proc['args'])} "
+                                          f"arguments need {total} bytes for execve, more than the {limit} the "
+                                          f"kernel allows (a quarter of the stack rlimit): the process could never "
+                                          f"start")
 
 
 # sysctl prefixes -> the namespace they belong to (from the kernel's namespaced sysctls)
@@ -243,7 +328,11 @@ def _check_linux(cfg: Config) -> None:
             from runtime import seccomp  # written by the seccomp engineer; imported only when a profile is set
         except ImportError:
             raise ConfigError("linux.seccomp", "seccomp support (runtime.seccomp) is not installed") from None
-        seccomp.validate(linux["seccomp"])
+        # SCMP_ACT_NOTIFY is supported: the runtime hands the listener fd to listenerPath (seccomp_notify.py)
+        seccomp.validate(linux["seccomp"], allow_notify=True)
+    if linux.get("mountLabel") and selinux_enabled():
+        # without SELinux the label means nothing and is ignored (as crun; runc 1.1 passes context= and fails)
+        raise ConfigError("linux.mountLabel", selinux_refusal())
     for key in ("intelRdt", "netDevices", "memoryPolicy"):
         if linux.get(key):
             raise ConfigError(f"linux.{key}", "is not supported by husk")

@@ -43,13 +43,23 @@ def send_master(sock_fd: int, master: int) -> None:
 
 def connect(path: str) -> int:
     """Connects to the --console-socket path (in the runtime's mount namespace) and returns the fd."""
+    from runtime.errors import SetupError
+    try:
+        import stat
+        mode = os.stat(path).st_mode
+        if not stat.S_ISSOCK(mode):
+            kind = ("a directory" if stat.S_ISDIR(mode) else "a fifo" if stat.S_ISFIFO(mode)
+                    else "a regular file" if stat.S_ISREG(mode) else "not a socket")
+            raise SetupError(f"--console-socket {path} is not a unix socket (it is {kind})")
+    except OSError as e:
+        raise SetupError(f"--console-socket {path}: {e.strerror}") from None
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         s.connect(path)
     except OSError as e:
         s.close()
-        from runtime.errors import SetupError
-        raise SetupError(f"connect to console socket {path}: {e.strerror}") from None
+        from runtime.errors import describe
+        raise SetupError(f"connect to console socket {path}: {describe(e)}") from None
     return s.detach()
 
 

@@ -38,9 +38,14 @@ def exec_process(root: str, container_id: str, process: dict[str, Any], *, conso
     if process.get("terminal") and not console_socket:
         raise SetupError("process.terminal is true: --console-socket is required")
     ns_fds = _open_namespaces(rec)
-    console_fd = -1
+    console_fd = listener_fd = -1
     parent_chan, child_chan = pair()
     try:
+        from runtime.parent import notify_listener
+        listener = notify_listener((rec.config.get("linux") or {}).get("seccomp"))
+        if listener:
+            from runtime import seccomp_notify
+            listener_fd = seccomp_notify.connect(listener)
         if process.get("terminal"):
             from runtime import console
             console_fd = console.connect(console_socket)  # type: ignore[arg-type]
@@ -49,14 +54,15 @@ def exec_process(root: str, container_id: str, process: dict[str, Any], *, conso
         pid1 = os.fork()
         if pid1 == 0:
             parent_chan.close()
-            _intermediate(rec, process, ns_fds, child_chan, console_fd, preserve_fds)
+            _intermediate(rec, process, ns_fds, child_chan, console_fd, preserve_fds, listener_fd)
         child_chan.close()
         for fd in ns_fds.values():
             os.close(fd)
         ns_fds = {}
-        if console_fd >= 0:
-            os.close(console_fd)
-            console_fd = -1
+        for fd in (console_fd, listener_fd):
+            if fd >= 0:
+                os.close(fd)
+        console_fd = listener_fd = -1
         pid = 0
         try:
             join_cgroup(pid1)
@@ -79,10 +85,9 @@ def exec_process(root: str, container_id: str, process: dict[str, Any], *, conso
             raise
     finally:
         parent_chan.close()
-        for fd in ns_fds.values():
-            os.close(fd)
-        if console_fd >= 0:
-            os.close(console_fd)
+        for fd in (*ns_fds.values(), console_fd, listener_fd):
+            if fd >= 0:
+                os.close(fd)
     if pid_file:
         st.write_pid_file(pid_file, pid)
     if detach:
@@ -116,7 +121,11 @@ def _cgroup_joiner(base: str, cgroup: "str | dict[str, str] | None") -> "Any":
     from runtime.execflags import join_sub
     subs = {"": cgroup} if isinstance(cgroup, str) else dict(cgroup or {})
     if not subs:
-        return manager_for(base).apply
+        mgr = manager_for(base)
+        if os.geteuid() != 0 and not mgr.exists():
+            # a rootless container created without a cgroup (runtime/parent.py): nothing to join
+            return lambda pid: None
+        return mgr.apply
     if "" in subs:
         return manager_for(join_sub(base, subs[""])).apply
     mgr = manager_for(base)
@@ -144,6 +153,13 @@ def _open_namespaces(rec: st.Record) -> dict[str, int]:
                 fds[kind] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             except FileNotFoundError:
                 raise InvalidState(f"container {rec.id!r} is not running") from None
+            except PermissionError:
+                if os.geteuid() == 0:
+                    raise
+                # an unprivileged runtime has no CAP_SYS_PTRACE: until it execs the container's program, the init
+                # is the runtime itself, kept non-dumpable (CVE-2019-5736 class), so its namespaces are closed to us
+                raise InvalidState(f"cannot exec in container {rec.id!r} before it is started: its init is not "
+                                   f"reachable by an unprivileged runtime until then (start it first)") from None
         if not st.init_alive(rec):
             raise InvalidState(f"container {rec.id!r} is not running")
     except BaseException:
@@ -154,10 +170,19 @@ def _open_namespaces(rec: st.Record) -> dict[str, int]:
 
 
 def _intermediate(rec: st.Record, process: dict[str, Any], ns_fds: dict[str, int], chan: Channel,
-                  console_fd: int, preserve_fds: int) -> None:
+                  console_fd: int, preserve_fds: int, listener_fd: int = -1, reentered: bool = False) -> None:
     """Never returns. Joins the namespaces, forks the process, reports its pid and exits."""
     try:
         sc.set_dumpable(False)  # CVE-2019-5736 class: the container must not reach /proc/<us>/exe
+        from runtime import exeguard
+        if not exeguard.is_protected():
+            # and what it could reach is an interpreter on a detached read-only mount (runtime/exeguard.py)
+            if reentered:
+                raise SetupError("the runtime's interpreter is still writable after the protected re-exec")
+            exeguard.reenter("exec", {"rec": rec.to_dict(), "process": process, "ns_fds": ns_fds,
+                                      "chan": (chan.rfd, chan.wfd), "console_fd": console_fd,
+                                      "preserve_fds": preserve_fds, "listener_fd": listener_fd},
+                             [chan.rfd, chan.wfd, console_fd, listener_fd, *ns_fds.values()])
         from runtime.init import preload
         seccomp = preload({"process": process, "linux": rec.config.get("linux") or {}})
         chan.expect("go")
@@ -172,9 +197,24 @@ def _intermediate(rec: st.Record, process: dict[str, Any], ns_fds: dict[str, int
         if "user" in ns_fds:
             os.setresgid(0, 0, 0)
             os.setresuid(0, 0, 0)
+        # the process learns its own pid in our (the host's) pid namespace from us: a seccomp agent needs it
+        pid_r, pid_w = os.pipe() if listener_fd >= 0 else (-1, -1)
         pid = os.fork()
         if pid == 0:
-            _process(rec, process, chan, console_fd, preserve_fds, seccomp)
+            handoff = None
+            if listener_fd >= 0:
+                os.close(pid_w)
+                own = int(os.read(pid_r, 32) or b"0")
+                os.close(pid_r)
+                from runtime.seccomp_notify import Handoff
+                state = {"ociVersion": st.OCI_VERSION, "id": rec.id, "status": "running", "pid": rec.pid,
+                         "bundle": rec.bundle, "annotations": rec.annotations}
+                handoff = Handoff(listener_fd, state, own, seccomp.listener_metadata)  # type: ignore[union-attr]
+            _process(rec, process, chan, console_fd, preserve_fds, seccomp, handoff)
+        if pid_w >= 0:
+            os.close(pid_r)
+            os.write(pid_w, str(pid).encode())
+            os.close(pid_w)
         chan.send("pid", str(pid))
         os._exit(0)
     except BaseException as e:
@@ -185,13 +225,15 @@ def _intermediate(rec: st.Record, process: dict[str, Any], ns_fds: dict[str, int
 
 
 def _process(rec: st.Record, process: dict[str, Any], chan: Channel, console_fd: int, preserve_fds: int,
-             seccomp: Any) -> None:
+             seccomp: Any, handoff: Any = None) -> None:
     try:
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, signal.SIG_DFL)
+        # A session (and process group) of its own, as runc gives every exec'd process: signals meant
+        # for it and its children (a timed-out ExecSync kills the group) reach nothing else.
+        os.setsid()
         if process.get("terminal"):
             from runtime import console
-            os.setsid()
             master, slave, _path = console.open_pty()
             size = process.get("consoleSize")
             if size:
@@ -205,14 +247,29 @@ def _process(rec: st.Record, process: dict[str, Any], chan: Channel, console_fd:
         if process.get("oomScoreAdj") is not None:
             from runtime.process import set_oom_score_adj
             set_oom_score_adj(process["oomScoreAdj"])
-        from runtime.process import build_env, exec_process, find_executable
+        from runtime.process import build_env, close_fds, enter_cwd, exec_process, find_executable
+        # nothing of the runtime's or its caller's beyond stdio and --preserve-fds may stay open in here:
+        # not even long enough to be named as a cwd through /proc/self/fd (CVE-2024-21626 class)
+        close_fds(3 + preserve_fds, keep=(chan.wfd, handoff.sock.fileno() if handoff is not None else -1))
         env = build_env(process)
-        os.chdir(process.get("cwd") or "/")
+        enter_cwd(process.get("cwd") or "/")
         exe = find_executable(process["args"][0], env, process.get("cwd") or "/")
-        exec_process(process, exe, env, seccomp=seccomp, preserve_fds=preserve_fds)
+        exec_process(process, exe, env, seccomp=seccomp, preserve_fds=preserve_fds,
+                     on_listener=handoff.send if handoff is not None else None)
     except BaseException as e:
         try:
             chan.send("error", describe(e))
         finally:
             os._exit(1)
     os._exit(1)
+
+
+def resume(payload: dict[str, Any]) -> None:
+    """The protected re-exec continues here (runtime.exeguard.resume); never returns."""
+    chan = Channel(*payload["chan"])
+    ns_fds = payload["ns_fds"]
+    for fd in (chan.rfd, chan.wfd, payload["console_fd"], payload["listener_fd"], *ns_fds.values()):
+        if fd >= 0:
+            os.set_inheritable(fd, False)
+    _intermediate(st.Record.from_dict(payload["rec"]), payload["process"], ns_fds, chan, payload["console_fd"],
+                  payload["preserve_fds"], payload["listener_fd"], reentered=True)

@@ -28,6 +28,11 @@ def run(ctx: "CreateContext", chan: "Channel") -> None:
         for sig in TERMINATING:
             signal.signal(sig, _exit_on_signal)
         os.setsid()
+        # nothing of the host may stay open in the container's pid 1 while it waits to be started (a leaked
+        # directory fd is a way out through /proc/1/fd or a cwd of /proc/self/fd/N): keep stdio, the preserved
+        # fds and our own channels only
+        from runtime.process import close_fds
+        close_fds(3 + ctx.preserve_fds, keep=(chan.rfd, chan.wfd, ctx.fifo_fd, ctx.console_fd, ctx.listener_fd))
         fifo_path = _setup(ctx, chan)
         chan.send("ready")
         chan.close()
@@ -66,7 +71,10 @@ def preload(cfg_raw: dict) -> "object | None":
     profile = (cfg_raw.get("linux") or {}).get("seccomp")
     if profile:
         from runtime import seccomp
-        return seccomp.prepare(profile)
+        compiled = seccomp.prepare(profile)
+        if compiled.needs_listener:
+            from runtime import seccomp_notify  # noqa: F401 - json and socket, out of reach after pivot_root
+        return compiled
     return None
 
 
@@ -112,6 +120,11 @@ def _setup(ctx: "CreateContext", chan: "Channel") -> str:
                container_id=ctx.container_id)
     fifo_fd = ctx.fifo_fd
     ctx.host_pid = _host_pid()
+    if ctx.listener_fd >= 0:
+        # runc's record for the init: its pid, the state "creating"
+        from runtime.seccomp_notify import Handoff
+        ctx.handoff = Handoff(ctx.listener_fd, ctx.state(ctx.host_pid, "creating"), ctx.host_pid,
+                              ctx.seccomp.listener_metadata)  # type: ignore[union-attr]
     fs.pivot(ctx.no_pivot)
     if cfg.raw.get("hostname"):
         sc.sethostname(cfg.raw["hostname"])
@@ -157,8 +170,10 @@ def _start(ctx: "CreateContext", fifo_w: int) -> None:
         hk.run("startContainer", cfg.hooks["startContainer"], ctx.hook_state(ctx.host_pid, "created"),
                container_id=ctx.container_id)
     from runtime.process import exec_process
+    handoff = ctx.handoff
     exec_process(cfg.process, ctx.exe, ctx.env, seccomp=ctx.seccomp, preserve_fds=ctx.preserve_fds,
-                 rlimits_set=True, personality=cfg.linux.get("personality"))
+                 rlimits_set=True, personality=cfg.linux.get("personality"),
+                 on_listener=handoff.send if handoff is not None else None)
 
 
 def _console(ctx: "CreateContext", fs: rfs.RootFs, proc: dict) -> None:

@@ -42,11 +42,38 @@ class CreateContext:
         self.env: dict[str, str] = {}        # the process environment, computed before the fifo
         self.exe = ""                        # args[0] resolved in the container
         self.seccomp: object | None = None   # runtime.seccomp.CompiledFilter, prepared before pivot_root
+        self.listener_fd = -1                # connected to linux.seccomp.listenerPath (SCMP_ACT_NOTIFY)
+        self.handoff: Any = None             # runtime.seccomp_notify.Handoff over listener_fd, in the init
+
+    def to_payload(self) -> dict[str, Any]:
+        """Plain values for the protected re-exec of the intermediate child (runtime.exeguard), which has not
+        prepared anything yet: host_pid, env, exe and seccomp are still unset there."""
+        return {"raw": self.cfg.raw, "bundle": self.cfg.bundle, "rootfs": self.cfg.rootfs,
+                "namespaces": [(n.type, n.path) for n in self.cfg.namespaces], "id": self.container_id,
+                "state_dir": self.state_dir, "fifo_path": self.fifo_path, "cgroup_path": self.cgroup_path,
+                "fifo_fd": self.fifo_fd, "console_fd": self.console_fd, "no_pivot": self.no_pivot,
+                "no_new_keyring": self.no_new_keyring, "preserve_fds": self.preserve_fds,
+                "extra_env": self.extra_env, "listener_fd": self.listener_fd}
+
+    @classmethod
+    def from_payload(cls, p: dict[str, Any]) -> "CreateContext":
+        from runtime.config import Namespace
+        cfg = Config(p["raw"], p["bundle"], p["rootfs"])
+        cfg.namespaces = [Namespace(t, path) for t, path in p["namespaces"]]
+        ctx = cls(cfg=cfg, container_id=p["id"], state_dir=p["state_dir"], fifo_path=p["fifo_path"],
+                  cgroup_path=p["cgroup_path"], fifo_fd=p["fifo_fd"], console_fd=p["console_fd"],
+                  no_pivot=p["no_pivot"], no_new_keyring=p["no_new_keyring"], preserve_fds=p["preserve_fds"],
+                  extra_env=p["extra_env"])
+        ctx.listener_fd = p["listener_fd"]
+        return ctx
+
+    def state(self, pid: int, status: str) -> dict[str, Any]:
+        """The OCI state record (what hooks read on stdin and a seccomp agent receives)."""
+        return {"ociVersion": st.OCI_VERSION, "id": self.container_id, "status": status, "pid": pid,
+                "bundle": self.cfg.bundle, "annotations": self.cfg.raw.get("annotations") or {}}
 
     def hook_state(self, pid: int, status: str) -> str:
-        return st.dumps_json({"ociVersion": st.OCI_VERSION, "id": self.container_id, "status": status,
-                              "pid": pid, "bundle": self.cfg.bundle,
-                              "annotations": self.cfg.raw.get("annotations") or {}})
+        return st.dumps_json(self.state(pid, status))
 
 
 def activated_fds() -> int:
@@ -86,12 +113,18 @@ def create(root: str, container_id: str, cfg: Config, *, console_socket: str | N
         # opened here and inherited: the init may run as a uid that cannot reach the state dir (user ns)
         fifo_fd = os.open(fifo, os.O_PATH | os.O_CLOEXEC)
         undo.callback(_close, fifo_fd)
-        mgr = cgroups.manager_for(cgroup_path)
-        existed = mgr.exists()
-        mgr.create()
-        if not existed:
-            undo.callback(_destroy_cgroup, mgr)
-        mgr.set(cgroup_resources(cfg))
+        mgr: Any = None
+        if os.geteuid() == 0 or cfg.linux.get("resources"):
+            mgr = cgroups.manager_for(cgroup_path)
+            existed = mgr.exists()
+            mgr.create()
+            if not existed:
+                undo.callback(_destroy_cgroup, mgr)
+            mgr.set(cgroup_resources(cfg))
+        else:
+            # as runc: an unprivileged runtime that is asked for no resource limits runs the container in its
+            # caller's cgroup rather than failing on cgroup directories it may not create
+            logutil.debug("rootless: no cgroup for container %s", container_id, container_id=container_id)
         console_fd = -1
         if console_socket and cfg.process.get("terminal"):
             from runtime import console
@@ -100,6 +133,12 @@ def create(root: str, container_id: str, cfg: Config, *, console_socket: str | N
         ctx = CreateContext(cfg=cfg, container_id=container_id, state_dir=state_dir, fifo_path=fifo,
                             cgroup_path=cgroup_path, fifo_fd=fifo_fd, console_fd=console_fd, no_pivot=no_pivot,
                             no_new_keyring=no_new_keyring, preserve_fds=preserve_fds, extra_env=extra_env)
+        listener = notify_listener(cfg.linux.get("seccomp"))
+        if listener:
+            # connected now, while listenerPath is reachable; the init sends on it once its filter is loaded
+            from runtime import seccomp_notify
+            ctx.listener_fd = seccomp_notify.connect(listener)
+            undo.callback(_close, ctx.listener_fd)
         parent_chan, child_chan = pair()
         undo.callback(parent_chan.close)
         # the init becomes our child when the intermediate exits, so a failed create can kill and reap it;
@@ -123,12 +162,23 @@ def create(root: str, container_id: str, cfg: Config, *, console_socket: str | N
             st.write_pid_file(pid_file, init_pid)
         if console_fd >= 0:
             os.close(console_fd)
+        if ctx.listener_fd >= 0:
+            os.close(ctx.listener_fd)
         os.close(fifo_fd)
         parent_chan.close()
         lock.release()
         undo.pop_all()
     logutil.debug("created container %s, init pid %d", container_id, init_pid, container_id=container_id)
     return init_pid
+
+
+def notify_listener(profile: dict[str, Any] | None) -> str | None:
+    """linux.seccomp.listenerPath when the profile has a SCMP_ACT_NOTIFY rule (else None)."""
+    if not profile or not profile.get("listenerPath"):
+        return None
+    if any(r.get("action") == "SCMP_ACT_NOTIFY" for r in profile.get("syscalls") or []):
+        return str(profile["listenerPath"])
+    return None
 
 
 def cgroup_resources(cfg: Config) -> dict[str, Any]:
@@ -197,8 +247,9 @@ class _Procs:
         # anything else in the cgroup (an init whose pid never reached us, its children): kill, then reap what
         # was reparented to us (we are a subreaper), so that the cgroup can be removed
         try:
-            if self.mgr.exists():
-                self.mgr.kill_all(signal.SIGKILL)
+            if self.mgr is None or not self.mgr.exists():
+                return
+            self.mgr.kill_all(signal.SIGKILL)
         except (OSError, SetupError):
             return
         import time
@@ -216,10 +267,8 @@ class _Procs:
 
 def _drive(ctx: CreateContext, mgr: Any, chan: Channel, pid1: int, procs: _Procs) -> int:
     """Runs the parent's side of the sync protocol; returns the init's pid once it reports ready."""
-    try:
+    if mgr is not None:
         mgr.apply(pid1)
-    except SetupError:
-        raise
     chan.send("go")
     init_pid = 0
     held: list[tuple[str, str]] = []
@@ -269,6 +318,11 @@ def _create_hooks(ctx: CreateContext, init_pid: int) -> None:
 
 
 def _write_id_maps(pid: int, cfg: Config) -> None:
+    if os.geteuid() != 0:
+        # an unprivileged writer may map its own ids only, and a gid_map only once setgroups(2) is denied in the
+        # namespace (else the container could drop the writer's supplementary groups: negative-permission files)
+        with open(f"/proc/{pid}/setgroups", "w") as f:
+            f.write("deny")
     for kind, key in (("uid_map", "uidMappings"), ("gid_map", "gidMappings")):
         lines = "".join(f"{m['containerID']} {m['hostID']} {m['size']}\n" for m in cfg.linux.get(key) or [])
         with open(f"/proc/{pid}/{kind}", "w") as f:

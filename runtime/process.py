@@ -163,10 +163,13 @@ def switch_user(user: dict[str, Any]) -> None:
     sc.set_keepcaps(True)
     try:
         groups = user.get("additionalGids") or []
-        try:
-            os.setgroups(groups)
-        except OSError as e:
-            raise SetupError(f"setgroups {groups}: {e.strerror}") from None
+        if groups or not setgroups_denied():
+            try:
+                os.setgroups(groups)
+            except OSError as e:
+                why = (" (setgroups is denied in this user namespace: an unprivileged runtime wrote the gid map)"
+                       if setgroups_denied() else "")
+                raise SetupError(f"process.user.additionalGids {groups}: setgroups: {e.strerror}{why}") from None
         try:
             os.setresgid(gid, gid, gid)
             os.setresuid(uid, uid, uid)
@@ -174,6 +177,14 @@ def switch_user(user: dict[str, Any]) -> None:
             raise SetupError(f"switch to uid {uid} gid {gid}: {e.strerror} (is the id mapped?)") from None
     finally:
         sc.set_keepcaps(False)
+
+
+def setgroups_denied() -> bool:
+    try:
+        with open("/proc/self/setgroups") as f:
+            return f.read().strip() == "deny"
+    except OSError:
+        return False
 
 
 def build_env(proc: dict[str, Any], extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -185,14 +196,42 @@ def build_env(proc: dict[str, Any], extra: dict[str, str] | None = None) -> dict
     return env
 
 
+def enter_cwd(cwd: str) -> None:
+    """chdir into process.cwd, then prove the result is inside the container (the CVE-2024-21626 class: a cwd
+    such as /proc/self/fd/N naming a leaked host directory fd would put the process outside its root, where
+    getcwd(3) can only answer ENOENT, "unreachable")."""
+    try:
+        os.chdir(cwd)
+    except OSError as e:
+        raise SetupError(f"process.cwd {cwd}: {e.strerror}") from None
+    try:
+        here = os.getcwd()
+    except FileNotFoundError:
+        here = ""
+    if not here.startswith("/"):
+        raise SetupError(f"process.cwd {cwd}: resolves to a directory outside the container (through a file "
+                         f"descriptor or a magic link); refusing to run the process there")
+
+
+def close_fds(first: int, keep: tuple[int, ...] = ()) -> None:
+    """Closes every fd from `first` up except those in `keep` (before anything can name them by /proc path)."""
+    lo = first
+    for fd in sorted(k for k in set(keep) if k >= first):
+        if fd > lo:
+            sc.close_range(lo, fd - 1)
+        lo = fd + 1
+    sc.close_range(lo, 0xFFFFFFFF)
+
+
 def exec_process(proc: dict[str, Any], path: str, env: dict[str, str], *, seccomp: Any,
                  preserve_fds: int, keep_fds: tuple[int, ...] = (), rlimits_set: bool = False,
-                 personality: dict[str, Any] | None = None) -> None:
+                 personality: dict[str, Any] | None = None, on_listener: Any = None) -> None:
     """Applies user, caps, no_new_privs, umask and cwd, then seccomp (last) and execve. Never returns.
 
     `seccomp` is what runtime.seccomp.prepare() returned before pivot_root/setns(mnt), or None. As runc does,
     without noNewPrivileges the filter is loaded before capabilities are dropped (the kernel then demands
-    CAP_SYS_ADMIN), so the profile must allow the few syscalls that remain before execve."""
+    CAP_SYS_ADMIN), so the profile must allow the few syscalls that remain before execve.
+    `on_listener(fd, compiled)` hands a SCMP_ACT_NOTIFY listener fd on (runtime.seccomp_notify.Handoff.send)."""
     from runtime import capabilities
     caps = proc.get("capabilities") or {}
     user = proc.get("user") or {}
@@ -212,7 +251,7 @@ def exec_process(proc: dict[str, Any], path: str, env: dict[str, str], *, seccom
             pass
     if seccomp is not None and not nnp:
         from runtime import seccomp as seccomp_mod
-        seccomp_mod.install(seccomp, False)
+        seccomp_mod.install(seccomp, False, on_listener=on_listener)
     capabilities.drop_bounding(caps)
     switch_user(user)
     capabilities.apply(caps)
@@ -221,17 +260,14 @@ def exec_process(proc: dict[str, Any], path: str, env: dict[str, str], *, seccom
     if nnp:
         sc.set_no_new_privs()
     os.umask(user.get("umask", 0o022) if user.get("umask") is not None else 0o022)
-    try:
-        os.chdir(proc.get("cwd") or "/")
-    except OSError as e:
-        raise SetupError(f"process.cwd {proc.get('cwd')}: {e.strerror}") from None
+    enter_cwd(proc.get("cwd") or "/")
     # Python ignores SIGPIPE and SIGXFSZ; ignored signals survive execve, so give the program the defaults
     for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
     if seccomp is not None and nnp:
         from runtime import seccomp as seccomp_mod
-        seccomp_mod.install(seccomp, True)
+        seccomp_mod.install(seccomp, True, on_listener=on_listener)
     try:
         os.execve(path, proc["args"], env)
     except OSError as e:

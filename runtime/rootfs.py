@@ -48,6 +48,8 @@ _RATTRS: dict[str, tuple[bool, int]] = {
 }
 _IGNORED = {"tmpcopyup", "copy-symlink", "notmpcopyup"}  # crun extensions, meaningless here
 
+_KERNEL_FS_FLAGS = sc.MS_NOSUID | sc.MS_NODEV | sc.MS_NOEXEC
+
 ROOT_PROPAGATION = {"private": sc.MS_PRIVATE, "shared": sc.MS_SHARED, "slave": sc.MS_SLAVE,
                     "unbindable": sc.MS_UNBINDABLE}
 
@@ -119,75 +121,102 @@ class RootFs:
         self.rootfd = -1
 
     # --- safe path handling -----------------------------------------------------------------
+    # Every path below is resolved by the kernel from the rootfs fd with RESOLVE_IN_ROOT: a symlink, absolute or
+    # full of "..", can only lead to somewhere inside the rootfs (as if the rootfs were "/", like runc's
+    # securejoin), and a /proc magic link (/proc/self/fd/N, /proc/<pid>/root) is refused outright. The fds
+    # returned are O_PATH and the mounts go through /proc/self/fd/N, so a symlink swapped in after the check
+    # (the CVE-2021-30465 class) changes nothing: the mount lands on what was opened.
+    _RESOLVE = sc.RESOLVE_IN_ROOT | sc.RESOLVE_NO_MAGICLINKS
+    MAX_LINKS = 40  # as the kernel's own limit on symlinks in one lookup
+
     def host_path(self, dest: str) -> str:
+        """Only for places that need a path string; the result is meaningful only for a dest just resolved."""
         return os.path.join(self.rootfs, dest.lstrip("/"))
 
     def open_in_root(self, dest: str, flags: int = os.O_PATH) -> int:
         rel = dest.lstrip("/") or "."
         try:
-            return sc.openat2(self.rootfd, rel, flags, 0, sc.RESOLVE_IN_ROOT | sc.RESOLVE_NO_MAGICLINKS)
+            return sc.openat2(self.rootfd, rel, flags, 0, self._RESOLVE)
         except OSError as e:
-            raise OSError(e.errno, f"open {dest} inside the rootfs: {os.strerror(e.errno)}", dest) from None
+            raise OSError(e.errno, f"open {dest} inside the rootfs: {_why(e.errno)}", dest) from None
 
     def ensure_dir(self, dest: str) -> int:
-        """mkdir -p `dest` inside the rootfs, component by component; returns an O_PATH fd on it."""
+        """mkdir -p `dest` inside the rootfs; returns an O_PATH fd on it. A dangling symlink on the way gets its
+        target created (resolved inside the rootfs), as runc's securejoin + MkdirAll do."""
+        pending = [p for p in dest.split("/") if p]
+        walked: list[str] = []  # the components taken so far, as written: the kernel resolves them (rooted)
         fd = os.dup(self.rootfd)
+        links = 0
         try:
-            for part in [p for p in dest.split("/") if p]:
-                self._check_component(fd, part, dest)
+            while pending:
+                part = pending.pop(0)
+                path = "/".join([*walked, part])
                 try:
-                    nfd = sc.openat2(fd, part, os.O_PATH | os.O_DIRECTORY, 0,
-                                     sc.RESOLVE_IN_ROOT | sc.RESOLVE_NO_MAGICLINKS)
+                    nfd = self._open(path, os.O_PATH | os.O_DIRECTORY, dest)
                 except FileNotFoundError:
                     try:
                         os.mkdir(part, 0o755, dir_fd=fd)
                     except FileExistsError:
-                        pass
-                    nfd = sc.openat2(fd, part, os.O_PATH | os.O_DIRECTORY, 0,
-                                     sc.RESOLVE_IN_ROOT | sc.RESOLVE_NO_MAGICLINKS)
+                        target = self._dangling(fd, part, dest)
+                        links += 1
+                        if links > self.MAX_LINKS:
+                            raise OSError(errno.ELOOP, f"{dest}: too many symbolic links", dest) from None
+                        if target.startswith("/"):
+                            walked = []
+                        pending[:0] = [p for p in target.split("/") if p]
+                        continue
+                    nfd = self._open(path, os.O_PATH | os.O_DIRECTORY, dest)
                 os.close(fd)
                 fd = nfd
+                walked.append(part)
             return fd
         except BaseException:
             os.close(fd)
             raise
 
-    def _check_component(self, dirfd: int, name: str, dest: str) -> None:
-        # An absolute symlink in a mount destination would point at the host if followed naively; we would
-        # resolve it inside the rootfs, but a config that relies on that is almost certainly an attack.
-        try:
-            st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
-        except FileNotFoundError:
-            return
-        if stat.S_ISLNK(st.st_mode):
-            target = os.readlink(name, dir_fd=dirfd)
-            if target.startswith("/") or _climbs_out(target):
-                raise SetupError(f"mount destination {dest}: component {name!r} is a symlink to {target!r}, "
-                                 f"which points outside the rootfs")
-
-    def ensure_target(self, dest: str, is_file: bool) -> int:
-        """Creates the mount point (a directory, or an empty file for file bind mounts); returns an O_PATH fd."""
+    def ensure_target(self, dest: str, is_file: bool, _links: int = 0) -> int:
+        """Creates the mount point (a directory, or an empty file for file bind mounts) unless something is there
+        already (a symlink is followed, inside the rootfs); returns an O_PATH fd on it."""
         parent, _, name = dest.rstrip("/").rpartition("/")
+        if not name:
+            return self.ensure_dir("/")
         pfd = self.ensure_dir(parent or "/")
         try:
-            if not name:
-                return os.dup(pfd)
-            self._check_component(pfd, name, dest)
+            rel = "/".join(p for p in (parent.strip("/"), name) if p)
             try:
-                return sc.openat2(pfd, name, os.O_PATH, 0, sc.RESOLVE_IN_ROOT | sc.RESOLVE_NO_MAGICLINKS)
+                return self._open(rel, os.O_PATH, dest)
             except FileNotFoundError:
                 pass
-            if is_file:
-                fd = _create_file(pfd, name)
-                os.close(fd)
-            else:
-                try:
+            try:
+                if is_file:
+                    os.close(_create_file(pfd, name))
+                else:
                     os.mkdir(name, 0o755, dir_fd=pfd)
-                except FileExistsError:
-                    pass
-            return sc.openat2(pfd, name, os.O_PATH, 0, sc.RESOLVE_IN_ROOT | sc.RESOLVE_NO_MAGICLINKS)
+            except FileExistsError:
+                # a dangling symlink (or, with O_NOFOLLOW, a symlink to something missing): make its target
+                target = self._dangling(pfd, name, dest)
+                if _links >= self.MAX_LINKS:
+                    raise OSError(errno.ELOOP, f"{dest}: too many symbolic links", dest) from None
+                where = target if target.startswith("/") else f"{parent}/{target}"
+                return self.ensure_target(where, is_file, _links + 1)
+            return self._open(rel, os.O_PATH, dest)
         finally:
             os.close(pfd)
+
+    def _open(self, rel: str, flags: int, dest: str) -> int:
+        try:
+            return sc.openat2(self.rootfd, rel or ".", flags, 0, self._RESOLVE)
+        except FileNotFoundError:
+            raise
+        except OSError as e:
+            raise OSError(e.errno, f"{dest} inside the rootfs: {_why(e.errno)}", dest) from None
+
+    @staticmethod
+    def _dangling(dirfd: int, name: str, dest: str) -> str:
+        try:
+            return os.readlink(name, dir_fd=dirfd)
+        except OSError as e:
+            raise OSError(e.errno, f"{dest}: {name!r} exists but cannot be opened: {e.strerror}", dest) from None
 
     # --- the steps ----------------------------------------------------------------------------
     def prepare_root(self, propagation: str | None) -> None:
@@ -221,12 +250,39 @@ class RootFs:
         else:
             if mtype == "proc" and os.path.islink(self.host_path(dest)):
                 raise SetupError(f"proc destination {dest} is a symlink")
+            if mtype in ("proc", "sysfs"):
+                # whatever the config says: no setuid programs, device nodes or executables from the kernel's
+                # own filesystems (a config that asks for suid/dev/exec there gets them refused, not granted)
+                opts.flags |= _KERNEL_FS_FLAGS
+                opts.clear &= ~_KERNEL_FS_FLAGS
             fd = self.ensure_target(dest, is_file=False)
             try:
+                self._check_proc_target(fd, dest, mtype == "proc")
                 self._mount_fs(m.get("source") or mtype, fd, dest, mtype, opts)
             finally:
                 os.close(fd)
         self._after(dest, opts)
+
+    # What may be mounted inside /proc: the files lxcfs emulates (runc's list); anything else there could hide
+    # what the kernel reports or what masked/readonly paths protect (the CVE-2019-19921 class).
+    PROC_MOUNTABLE = ("cpuinfo", "diskstats", "meminfo", "stat", "swaps", "uptime", "loadavg", "slabinfo",
+                      "net/dev", "sys/kernel/ns_last_pid")
+
+    def _check_proc_target(self, fd: int, dest: str, is_proc: bool) -> None:
+        """Refuses a mount that lands in the container's /proc (wherever the symlinks on the way led), or a
+        filesystem other than procfs on /proc itself."""
+        try:
+            where = os.readlink(f"/proc/self/fd/{fd}")
+            root = os.readlink(f"/proc/self/fd/{self.rootfd}")
+        except OSError:
+            return
+        rel = os.path.relpath(where, root)
+        if rel == "proc":
+            if not is_proc:
+                raise SetupError(f"{dest} resolves to /proc, where only a proc filesystem may be mounted")
+        elif rel.startswith("proc/") and rel[len("proc/"):] not in self.PROC_MOUNTABLE:
+            raise SetupError(f"{dest} resolves to /{rel}, inside /proc: only "
+                             f"{', '.join('/proc/' + p for p in self.PROC_MOUNTABLE)} may be mounted there")
 
     def _mount_fs(self, source: str, fd: int, dest: str, mtype: str, opts: MountOptions) -> None:
         data = ",".join(opts.data) or None
@@ -256,6 +312,7 @@ class RootFs:
             raise SetupError(f"bind mount source {src}: {e.strerror}") from None
         fd = self.ensure_target(dest, is_file=not stat.S_ISDIR(st.st_mode))
         try:
+            self._check_proc_target(fd, dest, _is_procfs(src))
             sc.mount(src, f"/proc/self/fd/{fd}", None, sc.MS_BIND | (opts.flags & sc.MS_REC))
         finally:
             os.close(fd)
@@ -296,14 +353,22 @@ class RootFs:
             finally:
                 os.close(fd)
             return
-        from runtime.cgroups.v1 import hierarchies
         base = opts.flags & (sc.MS_NOSUID | sc.MS_NODEV | sc.MS_NOEXEC)
         fd = self.ensure_target(dest, is_file=False)
         try:
             sc.mount("tmpfs", f"/proc/self/fd/{fd}", "tmpfs", base, "mode=755")
         finally:
             os.close(fd)
-        top = self.host_path(dest)  # a tmpfs we just created: nothing in it can be a hostile symlink
+        # the tmpfs we just mounted, reached through an fd: nothing in it can be a hostile symlink, and no
+        # symlink on the way to dest is followed again as a host path
+        top_fd = self.open_in_root(dest, os.O_PATH | os.O_DIRECTORY)
+        try:
+            self._fill_cgroup_v1(f"/proc/self/fd/{top_fd}", base, opts)
+        finally:
+            os.close(top_fd)
+
+    def _fill_cgroup_v1(self, top: str, base: int, opts: MountOptions) -> None:
+        from runtime.cgroups.v1 import hierarchies
         mounts: dict[str, str] = {}
         for ctrl, mnt in hierarchies().items():
             if ctrl != "unified":  # as runc 1.1: the hybrid host's cgroup2 tree is not shown in the container
@@ -348,8 +413,9 @@ class RootFs:
 
     def setup_ptmx(self) -> None:
         """/dev/ptmx becomes a symlink to the devpts instance mounted at /dev/pts (newinstance)."""
-        pts = self.host_path("/dev/pts/ptmx")
-        if not os.path.exists(pts):
+        try:
+            os.close(self.open_in_root("/dev/pts/ptmx"))
+        except OSError:
             return
         dfd = self.ensure_dir("/dev")
         try:
@@ -378,7 +444,6 @@ class RootFs:
         parent, _, name = path.rpartition("/")
         dfd = self.ensure_dir(parent)
         try:
-            self._check_component(dfd, name, path)
             try:
                 os.unlink(name, dir_fd=dfd)
             except FileNotFoundError:
@@ -418,7 +483,7 @@ class RootFs:
         try:
             os.close(self.ensure_dir(cwd))
         except OSError as e:
-            raise SetupError(f"process.cwd {cwd}: {e.strerror}") from None
+            raise SetupError(f"process.cwd {cwd}: {_why(e.errno)}") from None
 
     def pivot(self, no_pivot: bool) -> None:
         if self.rootfd >= 0:
@@ -495,16 +560,25 @@ def _create_file(dirfd: int, name: str) -> int:
         return os.open(name, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW, dir_fd=dirfd)
 
 
-def _climbs_out(target: str) -> bool:
-    depth = 0
-    for part in target.split("/"):
-        if part == "..":
-            depth -= 1
-            if depth < 0:
-                return True
-        elif part and part != ".":
-            depth += 1
-    return False
+def _is_procfs(path: str) -> bool:
+    """A bind of a procfs (the host's /proc or a pid's): what may be bound on /proc itself, as runc allows."""
+    real = os.path.realpath(path)
+    with open("/proc/self/mountinfo") as f:
+        best, fstype = "", ""
+        for line in f:
+            left, _, right = line.partition(" - ")
+            point = left.split()[4]
+            if (real == point or real.startswith(point.rstrip("/") + "/")) and len(point) >= len(best):
+                best, fstype = point, right.split()[0]
+    return fstype == "proc"
+
+
+def _why(err: int) -> str:
+    if err == errno.ELOOP:
+        return "a component is a /proc magic link (e.g. /proc/self/fd/N) or a symlink loop, refused"
+    if err == errno.EXDEV:
+        return "a component leads out of the rootfs, refused"
+    return os.strerror(err)
 
 
 def _locked_flags(path: str) -> int:

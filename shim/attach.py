@@ -6,7 +6,10 @@ Protocol (every packet is one message: 1 kind byte, then the payload):
                    0x02 CLOSE_STDIN          closes the process's stdin
   shim -> client   0x01 STDOUT <bytes>, 0x02 STDERR <bytes>   every chunk, to every attached client
                    0x03 EXIT >I exit status  after the output the process wrote before exiting; then close
-A client that falls more than MAX_QUEUED bytes behind is disconnected (the log and fifos never wait for it).
+A client that falls more than MAX_QUEUED bytes behind is disconnected (the log and fifos never wait for it),
+unless the process's output waits for its attached clients (exec processes, see ProcessIO): then the shim
+stops reading the process's output while a client is HIGH_WATER bytes behind, and on_drained resumes it.
+While the process's stdin buffer is full the shim reads no client packets (pause_input/resume_input).
 """
 from __future__ import annotations
 
@@ -30,19 +33,22 @@ STDIN, RESIZE, CLOSE_STDIN = 0x00, 0x01, 0x02
 STDOUT, STDERR, EXIT = 0x01, 0x02, 0x03
 MAX_PACKET = 64 * 1024 + 1
 MAX_QUEUED = 4 << 20
+HIGH_WATER = 1 << 20
 _SIZE = struct.Struct(">HH")
 
 
 class AttachServer:
     def __init__(self, loop: Loop, path: str, on_stdin: Callable[[bytes], None],
                  on_resize: Callable[[int, int], None], on_close_stdin: Callable[[], None],
-                 on_detach: Callable[[], None] | None = None) -> None:
+                 on_detach: Callable[[], None] | None = None,
+                 on_drained: Callable[[], None] | None = None) -> None:
         self.loop = loop
         self.path = path
         self.on_stdin = on_stdin
         self.on_resize = on_resize
         self.on_close_stdin = on_close_stdin
         self.on_detach = on_detach
+        self.on_drained = on_drained
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
         try:
             os.unlink(path)
@@ -52,6 +58,7 @@ class AttachServer:
         self.sock.listen(16)
         self.clients: dict[int, _Client] = {}
         self.exit_status: int | None = None
+        self.input_paused = False   # the process's stdin buffer is full: clients' packets wait in their sockets
         loop.add_reader(self.sock.fileno(), self._accept)
 
     def _accept(self) -> None:
@@ -69,6 +76,27 @@ class AttachServer:
             if self.exit_status is not None:
                 client.send(bytes([EXIT]) + struct.pack(">I", self.exit_status))
                 client.close_after_flush()
+
+    def pause_input(self) -> None:
+        """Stop reading clients' packets (their senders block once the socket buffers are full)."""
+        if not self.input_paused:
+            self.input_paused = True
+            for client in self.clients.values():
+                self.loop.remove_reader(client.fd)
+
+    def resume_input(self) -> None:
+        if self.input_paused:
+            self.input_paused = False
+            for client in list(self.clients.values()):
+                self.loop.add_reader(client.fd, client._on_read)
+
+    def backlog(self) -> int:
+        """Bytes queued for the slowest attached client."""
+        return max((c.queued for c in self.clients.values()), default=0)
+
+    def _drained(self) -> None:
+        if self.on_drained is not None:
+            self.on_drained()
 
     def broadcast(self, kind: int, data: bytes) -> None:
         if not self.clients:
@@ -109,7 +137,8 @@ class _Client:
         self.queued = 0
         self.closing = False
         self.closed = False
-        server.loop.add_reader(self.fd, self._on_read)
+        if not server.input_paused:
+            server.loop.add_reader(self.fd, self._on_read)
 
     def _on_read(self) -> None:
         try:
@@ -162,6 +191,8 @@ class _Client:
         self.server.loop.remove_writer(self.fd)
         if self.closing:
             self.close()
+        else:
+            self.server._drained()
 
     def close_after_flush(self) -> None:
         self.closing = True
@@ -177,6 +208,7 @@ class _Client:
         self.server.clients.pop(self.fd, None)
         if self.server.on_detach is not None:
             self.server.on_detach()
+        self.server._drained()      # its backlog is gone: output held back for it may flow again
 
 
 class AttachClient:

@@ -168,6 +168,7 @@ class AsyncTtrpcClient:
         self.namespace = namespace
         self._next = 1
         self._futures: dict[int, Any] = {}
+        self._closed: BaseException | None = None     # set once the read loop ended: no answer can come
         self._task = asyncio.get_running_loop().create_task(self._read_loop())
 
     @classmethod
@@ -192,12 +193,19 @@ class AsyncTtrpcClient:
         md = dict(metadata or {})
         if self.namespace:
             md.setdefault(w.NAMESPACE_KEY, self.namespace)
+        if self._closed is not None:
+            # A call after the connection ended would wait for an answer forever (Wait has no timeout).
+            raise ConnectionError(f"{service}/{method}: ttrpc connection closed: {self._closed}")
         sid = self._next
         self._next += 2
         fut = asyncio.get_running_loop().create_future()
         self._futures[sid] = fut
-        self._writer.write(w.frame(sid, w.TYPE_REQUEST, make_request(service, method, req, timeout, md)))
-        await self._writer.drain()
+        try:
+            self._writer.write(w.frame(sid, w.TYPE_REQUEST, make_request(service, method, req, timeout, md)))
+            await self._writer.drain()
+        except BaseException:
+            self._futures.pop(sid, None)
+            raise
         try:
             payload = await asyncio.wait_for(fut, timeout)
         except asyncio.TimeoutError:
@@ -234,17 +242,23 @@ class AsyncTtrpcClient:
                         fut.set_result(payload)
         except OSError as e:
             err = e
+        self._closed = err
         for fut in self._futures.values():
             if not fut.done():
                 fut.set_exception(ConnectionError(f"ttrpc connection closed: {err}"))
 
     async def close(self) -> None:
+        if self._closed is None:
+            self._closed = EOFError("closed by the client")
         self._writer.close()
         try:
             await self._writer.wait_closed()
         except OSError:
             pass
         self._task.cancel()
+        for fut in self._futures.values():
+            if not fut.done():
+                fut.set_exception(ConnectionError("ttrpc connection closed by the client"))
 
 
 def _blocking_connect(sock: socket.socket, path: str) -> None:

@@ -301,7 +301,7 @@ class TaskService:
         try:
             io = ProcessIO(self.loop, f"{self.cfg.id}/{req.exec_id}", stdin=req.stdin, stdout=req.stdout,
                            stderr=req.stderr, terminal=req.terminal, attach_path=self._attach_path(req.exec_id),
-                           console_dir=self.cfg.state_dir)
+                           console_dir=self.cfg.state_dir, attach_backpressure=True)
         except (OSError, ValueError) as err:
             raise w.TtrpcError(w.INVALID_ARGUMENT, f"exec stdio: {err}") from err
         self.execs[req.exec_id] = Proc(req.exec_id, io, req.stdin, req.stdout, req.stderr, req.terminal, spec=spec)
@@ -375,7 +375,12 @@ class TaskService:
             if p.status == S.CREATED:
                 raise w.TtrpcError(w.FAILED_PRECONDITION, f"{self._name(p)} was not started")
             try:
-                os.kill(p.pid, req.signal)
+                if req.all and os.getpgid(p.pid) == p.pid:
+                    # husk's meaning of `all` for an exec: its process group (runtimes setsid the exec'd
+                    # process), so a timed-out ExecSync takes the children it started with it.
+                    os.killpg(p.pid, req.signal)
+                else:
+                    os.kill(p.pid, req.signal)
             except ProcessLookupError:
                 raise w.TtrpcError(w.NOT_FOUND, f"{self._name(p)}: process already finished") from None
             return google.Empty()

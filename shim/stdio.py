@@ -4,7 +4,8 @@ or files containerd names, the CRI log file and attached clients.
 Stdio URIs: "" (none: /dev/null), "/path" or "fifo:///path" (a fifo; opened read-write so the shim never
 sees EPIPE/EOF while its reader is away), "file:///path" (appended), "attach:" (a pipe reached only through
 the attach socket). Never blocks the loop: fifo writers that cannot keep up pause reading from the container
-(like containerd's shim); attached clients that cannot keep up are dropped.
+(like containerd's shim); attached clients that cannot keep up are dropped, except with attach_backpressure
+(exec processes, whose attached client is their only reader), where they pause reading from the process too.
 """
 from __future__ import annotations
 
@@ -139,12 +140,16 @@ class ProcessIO:
 
     def __init__(self, loop: Loop, label: str, *, stdin: str, stdout: str, stderr: str, terminal: bool,
                  crilog: CriLogWriter | None = None, attach_path: str | None = None,
-                 console_dir: str | None = None, stdin_once: bool = False) -> None:
+                 console_dir: str | None = None, stdin_once: bool = False,
+                 attach_backpressure: bool = False) -> None:
         self.loop = loop
         self.label = label
         self.terminal = terminal
         self.crilog = crilog
         self.stdin_once = stdin_once
+        # An exec's output has no log: its attached client (kubectl exec, ExecSync) is the one reader that
+        # matters, so a slow client holds the process back instead of losing output.
+        self.attach_backpressure = attach_backpressure
         self.uris = (stdin, stdout, stderr)
         self._child_fds: list[int] = []
         self._stdin_w = -1              # where the shim writes the container's stdin (pipe or pty master)
@@ -163,7 +168,8 @@ class ProcessIO:
         self.child = self._prepare(console_dir)
         if attach_path:
             self.attach = att.AttachServer(loop, attach_path, self.write_stdin, self.resize,
-                                           self.close_stdin, self._on_detach)
+                                           self.close_stdin, self._on_detach,
+                                           self.resume_reading if attach_backpressure else None)
         self._attached_once = False
 
     # --- setup ---------------------------------------------------------------------------
@@ -278,8 +284,11 @@ class ProcessIO:
             sink.write(data)
         if self.attach is not None:
             self.attach.broadcast(att.STDOUT if stream == "stdout" else att.STDERR, data)
-        if any(s.full for sinks in self._sinks.values() for s in sinks):
+        if any(s.full for sinks in self._sinks.values() for s in sinks) or self._attach_behind():
             self._pause()
+
+    def _attach_behind(self) -> bool:
+        return self.attach_backpressure and self.attach is not None and self.attach.backlog() >= att.HIGH_WATER
 
     def _pause(self) -> None:
         self._paused = True
@@ -287,7 +296,8 @@ class ProcessIO:
             self.loop.remove_reader(fd)
 
     def resume_reading(self) -> None:
-        if not self._paused or any(s.full for sinks in self._sinks.values() for s in sinks):
+        if not self._paused or any(s.full for sinks in self._sinks.values() for s in sinks) \
+                or self._attach_behind():
             return
         self._paused = False
         for stream, fd in self._out.items():
@@ -350,6 +360,10 @@ class ProcessIO:
             return
         self._stdin_buf += data
         self._flush_stdin()
+        if len(self._stdin_buf) >= MAX_STDIN_BUFFER and self.attach is not None:
+            # The process is not reading its stdin: hold attached clients back instead of buffering
+            # without bound (their packets wait in the sockets; kubectl feels back-pressure).
+            self.attach.pause_input()
 
     def _flush_stdin(self) -> None:
         while self._stdin_buf and self._stdin_w >= 0:
@@ -366,6 +380,8 @@ class ProcessIO:
             self.loop.remove_writer(self._stdin_w)
         if self._stdin_source >= 0 and len(self._stdin_buf) < MAX_STDIN_BUFFER:
             self.loop.add_reader(self._stdin_source, self._on_stdin_source)
+        if self.attach is not None and len(self._stdin_buf) < MAX_STDIN_BUFFER:
+            self.attach.resume_input()
         if self._stdin_closing:
             self._really_close_stdin()
 

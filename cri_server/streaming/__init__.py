@@ -5,8 +5,8 @@ request records. Imports nothing heavy (no grpc, no protobuf, no websockets libr
 """
 from __future__ import annotations
 
-from .backend import InputStream, OutputStream, ResizeQueue, StreamBackend, StreamIO, TargetNotFound, TerminalSize, \
-    copy_input, copy_output
+from .backend import InputStream, OutputStream, ResizeQueue, StreamBackend, StreamIO, TargetNotFound, \
+    TargetNotRunning, TerminalSize, copy_input, copy_output
 from .requests import AttachRequest, ExecRequest, InvalidStreamRequest, PortForwardRequest
 from .server import StreamingOptions, StreamingServer
 from .tokens import TooManyRequests
@@ -14,5 +14,5 @@ from .tokens import TooManyRequests
 __all__ = [
     "AttachRequest", "ExecRequest", "InputStream", "InvalidStreamRequest", "OutputStream", "PortForwardRequest",
     "ResizeQueue", "StreamBackend", "StreamIO", "StreamingOptions", "StreamingServer", "TargetNotFound",
-    "TerminalSize", "TooManyRequests", "copy_input", "copy_output",
+    "TargetNotRunning", "TerminalSize", "TooManyRequests", "copy_input", "copy_output",
 ]

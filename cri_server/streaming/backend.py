@@ -30,6 +30,15 @@ class TargetNotFound(LookupError):
         self.target_id = target_id
 
 
+class TargetNotRunning(RuntimeError):
+    """The container exists but is not running (HTTP 409 before upgrade)."""
+
+    def __init__(self, kind: str, target_id: str, state: str = "not running") -> None:
+        super().__init__(f"{kind} {target_id!r} is {state}")
+        self.kind = kind
+        self.target_id = target_id
+
+
 class InputStream(Protocol):
     """What the client sends on stdin."""
 
@@ -120,7 +129,8 @@ class StreamBackend(Protocol):
 
     async def check(self, request: ExecRequest | AttachRequest | PortForwardRequest) -> None:
         """Called before the connection is upgraded: raise TargetNotFound for an unknown container or
-        sandbox, so the client gets a plain 404 instead of an upgraded session that fails at once."""
+        sandbox, so the client gets a plain 404 instead of an upgraded session that fails at once;
+        TargetNotRunning (409) for a container that is not running."""
 
     async def exec(self, container_id: str, cmd: list[str], io: StreamIO) -> int:
         """Run cmd in the container with io as its stdio; return its exit code (128+n for signal n)."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import portforward, remotecommand
-from .backend import StreamBackend, TargetNotFound
+from .backend import StreamBackend, TargetNotFound, TargetNotRunning
 from .httpio import HttpError, HttpRequest, error_response, not_found, read_request
 from .requests import AttachRequest, ExecRequest, PortForwardRequest
 from .tokens import DEFAULT_MAX_IN_FLIGHT, DEFAULT_TTL, RequestCache
@@ -213,6 +213,8 @@ class StreamingServer:
             await self._backend.check(cached)
         except TargetNotFound as exc:
             raise HttpError(404, str(exc)) from exc
+        except TargetNotRunning as exc:
+            raise HttpError(409, str(exc)) from exc
         except Exception as exc:  # the backend's failure, reported to the client rather than dropped
             log.warning("streaming %s request: backend check failed: %s", kind, exc)
             raise HttpError(500, f"internal error: {exc}") from exc

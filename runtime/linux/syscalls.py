@@ -393,11 +393,26 @@ class _MountAttr(ctypes.Structure):
                 ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
 
 
-def mount_setattr(path: str | bytes, attr_set: int, attr_clr: int = 0, recursive: bool = True) -> None:
+def mount_setattr(path: str | bytes, attr_set: int, attr_clr: int = 0, recursive: bool = True,
+                  dirfd: int = -100) -> None:
+    """mount_setattr(2) on `path` relative to `dirfd`; an empty path with a dirfd means the fd's own mount."""
     attr = _MountAttr(attr_set, attr_clr, 0, 0)
     flags = AT_RECURSIVE if recursive else 0
-    _check(_libc.syscall(SYS_mount_setattr, ctypes.c_int(-100), _fs(path), ctypes.c_uint(flags),
+    if not path:
+        flags |= AT_EMPTY_PATH
+    _check(_libc.syscall(SYS_mount_setattr, ctypes.c_int(dirfd), _fs(path) or b"", ctypes.c_uint(flags),
                          ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr))), "mount_setattr", path)
+
+
+# --- open_tree (linux/mount.h): a detached copy of a mount, not attached to any mount namespace --------
+OPEN_TREE_CLONE = 1
+OPEN_TREE_CLOEXEC = os.O_CLOEXEC
+
+
+def open_tree(dirfd: int, path: str | bytes, flags: int) -> int:
+    """open_tree(2): with OPEN_TREE_CLONE, an O_PATH fd on a new detached bind mount of `path`."""
+    return _check(_libc.syscall(SYS_open_tree, ctypes.c_int(dirfd), _fs(path), ctypes.c_uint(flags)),
+                  "open_tree", path)
 
 
 # --- keyctl: a fresh session keyring per container (runc's behaviour without --no-new-keyring)

@@ -1,0 +1,254 @@
+"""Processes in a container through its husk-shim: one exec's life (Exec, attach, Start, Wait, Kill, Delete)
+and the asyncio side of the shim's attach socket. Shared by the streaming backend and ExecSync.
+
+Owns the ttrpc calls and the attach-channel protocol for one process. Must not know HTTP, SPDY,
+WebSocket or CRI messages.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import json
+import logging
+import os
+import secrets
+import signal
+import socket
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+from shim import attach as shim_attach
+from shim import ttrpc_wire
+from shim.client import AsyncTtrpcClient
+from shim.pb import google
+from shim.unixpath import connect_unix
+
+log = logging.getLogger("husk.cri.streaming")
+
+# The type containerd gives the OCI process it sends with Exec (the shim reads the JSON, not the name).
+PROCESS_SPEC_TYPE = "types.containerd.io/opencontainers/runtime-spec/1/Process"
+# How long cleanup waits for a killed exec to be reaped before deleting it anyway.
+KILL_WAIT = 10.0
+# Ttrpc calls other than Wait: the shim answers at once unless its runtime hangs.
+CALL_TIMEOUT = 60.0
+
+ShimError = ttrpc_wire.TtrpcError
+
+
+def _quiet_codes(err: BaseException, *codes: int) -> bool:
+    return isinstance(err, ShimError) and err.code in codes
+
+
+class AttachChannel:
+    """One connection to a process's attach socket (SOCK_SEQPACKET: every packet is one message).
+
+    recv() yields (kind, payload) until the shim closes the connection (after EXIT, or when it drops
+    the client); the send side carries stdin, its close and terminal sizes."""
+
+    def __init__(self, sock: socket.socket, path: str) -> None:
+        self._sock = sock
+        self.path = path
+        self._loop = asyncio.get_running_loop()
+        self.closed = False
+
+    @classmethod
+    async def connect(cls, path: str) -> AttachChannel:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        try:
+            # A unix connect completes at once or fails (the timeout only guards a full backlog);
+            # paths over 107 bytes go through /proc/self/fd.
+            sock.settimeout(5.0)
+            connect_unix(sock, path)
+            sock.setblocking(False)
+        except OSError:
+            sock.close()
+            raise
+        return cls(sock, path)
+
+    async def recv(self) -> tuple[int, bytes] | None:
+        if self.closed:
+            return None
+        try:
+            pkt = await self._loop.sock_recv(self._sock, shim_attach.MAX_PACKET)
+        except (ConnectionResetError, BrokenPipeError):
+            return None
+        if not pkt:
+            return None
+        return pkt[0], pkt[1:]
+
+    async def _send(self, pkt: bytes) -> None:
+        await self._loop.sock_sendall(self._sock, pkt)
+
+    async def write_stdin(self, data: bytes) -> None:
+        step = shim_attach.MAX_PACKET - 1
+        for start in range(0, len(data), step):
+            await self._send(bytes([shim_attach.STDIN]) + data[start:start + step])
+
+    async def close_stdin(self) -> None:
+        await self._send(bytes([shim_attach.CLOSE_STDIN]))
+
+    async def resize(self, width: int, height: int) -> None:
+        await self._send(bytes([shim_attach.RESIZE]) + struct.pack(">HH", width, height))
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._sock.close()
+
+
+def exec_process_spec(container_process: dict[str, Any], cmd: Sequence[str], tty: bool,
+                      console_size: tuple[int, int] | None = None) -> dict[str, Any]:
+    """The OCI process of an exec: the container's own process (user, env, cwd, capabilities, rlimits,
+    no_new_privileges, AppArmor/SELinux labels) with the exec's args and terminal, as containerd's CRI
+    plugin builds it. A TTY gets TERM=xterm (replacing any TERM) and, when the client already sent its
+    size, that size as consoleSize (width, height): the runtime sizes the terminal before the process
+    runs, so a first `stty size` cannot see 0 0."""
+    spec = copy.deepcopy(container_process)
+    spec["args"] = list(cmd)
+    spec.pop("commandLine", None)  # Windows-only, and it would override args
+    spec["terminal"] = bool(tty)
+    if tty:
+        env = [e for e in spec.get("env") or [] if not e.startswith("TERM=")]
+        spec["env"] = env + ["TERM=xterm"]
+        if console_size is not None:
+            spec["consoleSize"] = {"width": console_size[0], "height": console_size[1]}
+        else:
+            spec.pop("consoleSize", None)  # the container's own size is not the client's
+    else:
+        spec.pop("consoleSize", None)
+    return spec
+
+
+def load_container_process(bundle: str) -> dict[str, Any]:
+    """The `process` object of the container's config.json in its bundle."""
+    path = os.path.join(bundle, "config.json")
+    with open(path, "rb") as f:
+        config = json.load(f)
+    process = config.get("process") if isinstance(config, dict) else None
+    if not isinstance(process, dict):
+        raise ValueError(f"{path}: no process object")
+    return process
+
+
+def new_exec_id() -> str:
+    return secrets.token_hex(16)
+
+
+class ShimExec:
+    """One exec in a container, through the container's shim: created with create(), then start(),
+    wait() for the exit status, close() to delete it from the shim (killing it first if it still runs).
+
+    Output arrives on `channel` (attached before Start, so nothing is missed), followed by an EXIT
+    message once the shim has drained what the process wrote before exiting."""
+
+    def __init__(self, client: AsyncTtrpcClient, container_id: str, exec_id: str, channel: AttachChannel) -> None:
+        self.client = client
+        self.container_id = container_id
+        self.exec_id = exec_id
+        self.channel = channel
+        self.pid = 0
+        self.exit_status: int | None = None
+        self._wait: asyncio.Task[int] | None = None
+        self._closed = False
+
+    @classmethod
+    async def create(cls, shim_address: str, container_id: str, cmd: Sequence[str], *, tty: bool,
+                     stdin: bool, stdout: bool, stderr: bool,
+                     console_size: tuple[int, int] | None = None) -> ShimExec:
+        """Exec (not started yet) with the container's process settings; stdio through the attach socket."""
+        client = await AsyncTtrpcClient.connect(shim_address)
+        exec_id = new_exec_id()
+        created = False
+        try:
+            state = await client.task("State", timeout=CALL_TIMEOUT, id=container_id)
+            process = exec_process_spec(load_container_process(state.bundle), cmd, tty, console_size)
+            spec = google.Any(type_url=PROCESS_SPEC_TYPE, value=json.dumps(process).encode())
+            await client.task("Exec", timeout=CALL_TIMEOUT, id=container_id, exec_id=exec_id, terminal=tty,
+                              stdin="attach:" if stdin else "", stdout="attach:" if stdout else "",
+                              stderr="attach:" if stderr and not tty else "", spec=spec)
+            created = True
+            info = await client.husk("AttachInfo", timeout=CALL_TIMEOUT, id=container_id, exec_id=exec_id)
+            channel = await AttachChannel.connect(info.path)
+        except BaseException:
+            if created:
+                with contextlib.suppress(ShimError, ConnectionError, OSError, asyncio.TimeoutError):
+                    await client.task("Delete", timeout=CALL_TIMEOUT, id=container_id, exec_id=exec_id)
+            await client.close()
+            raise
+        log.debug("container %s: exec %s created: %s", container_id, exec_id, list(cmd),
+                  extra={"container_id": container_id})
+        return cls(client, container_id, exec_id, channel)
+
+    async def start(self) -> int:
+        # Wait is asked before Start, so an exit right after Start cannot be missed.
+        self._wait = asyncio.create_task(self._wait_exit(), name=f"exec-wait-{self.exec_id}")
+        resp = await self.client.task("Start", timeout=CALL_TIMEOUT, id=self.container_id, exec_id=self.exec_id)
+        self.pid = resp.pid
+        return self.pid
+
+    async def _wait_exit(self) -> int:
+        resp = await self.client.task("Wait", timeout=None, id=self.container_id, exec_id=self.exec_id)
+        self.exit_status = resp.exit_status
+        return resp.exit_status
+
+    async def wait(self) -> int:
+        """The exit status (128+n for signal n) once the process exited."""
+        if self._wait is None:
+            raise RuntimeError(f"exec {self.exec_id} was not started")
+        return await asyncio.shield(self._wait)
+
+    async def kill(self, sig: int = signal.SIGKILL, group: bool = True) -> None:
+        """Signal the exec (group: its whole process group, so its children too). A process that
+        already exited is not an error."""
+        try:
+            await self.client.task("Kill", timeout=CALL_TIMEOUT, id=self.container_id, exec_id=self.exec_id,
+                                   signal=sig, all=group)
+        except ShimError as err:
+            if err.code != ttrpc_wire.NOT_FOUND:
+                raise
+
+    async def resize(self, width: int, height: int) -> None:
+        await self.client.task("ResizePty", timeout=CALL_TIMEOUT, id=self.container_id, exec_id=self.exec_id,
+                               width=width, height=height)
+
+    async def close(self) -> None:
+        """Kill the process if it still runs, wait for its exit (bounded), delete it from the shim."""
+        if self._closed:
+            return
+        self._closed = True
+        cid = self.container_id
+        try:
+            if self._wait is not None and not self._wait.done():
+                try:
+                    await self.kill(signal.SIGKILL, group=True)
+                except (ShimError, ConnectionError, OSError, asyncio.TimeoutError) as err:
+                    log.warning("container %s: killing exec %s: %s", cid, self.exec_id, err,
+                                extra={"container_id": cid})
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait({self._wait}, timeout=KILL_WAIT)
+            try:
+                await self.client.task("Delete", timeout=CALL_TIMEOUT, id=cid, exec_id=self.exec_id)
+            except (ShimError, ConnectionError, OSError, asyncio.TimeoutError) as err:
+                if not _quiet_codes(err, ttrpc_wire.NOT_FOUND):
+                    log.warning("container %s: deleting exec %s: %s", cid, self.exec_id, err,
+                                extra={"container_id": cid})
+        finally:
+            self.channel.close()
+            if self._wait is not None and not self._wait.done():
+                self._wait.cancel()
+            if self._wait is not None:
+                await asyncio.gather(self._wait, return_exceptions=True)
+            await self.client.close()
+
+
+async def close_shielded(proc: ShimExec) -> None:
+    """proc.close() that runs to its end even when the caller is cancelled (again) meanwhile: a
+    cancelled session must still kill and delete its exec."""
+    task = asyncio.ensure_future(proc.close())
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        raise
