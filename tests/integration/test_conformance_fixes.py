@@ -17,3 +17,16 @@ def test_profile_without_close_range_still_starts(husk, make_bundle, nnp: bool) 
     cp = husk.run(make_bundle(["sh", "-c", "echo started"], edit=edit))
     assert cp.returncode == 0, cp.stderr
     assert cp.stdout.strip() == "started"
+
+
+@pytest.mark.parametrize("nnp", [False, True])
+def test_profile_refusing_getcwd_still_starts(husk, make_bundle, nnp: bool) -> None:
+    """runtime-tools' linux_seccomp blocks getcwd: the cwd check (CVE-2024-21626 class) runs before the filter."""
+    def edit(c: dict) -> None:
+        c["process"]["noNewPrivileges"] = nnp
+        c["process"]["cwd"] = "/tmp"
+        c["linux"]["seccomp"] = {"defaultAction": "SCMP_ACT_ALLOW",
+                                 "syscalls": [{"names": ["getcwd"], "action": "SCMP_ACT_ERRNO", "errnoRet": 1}]}
+    cp = husk.run(make_bundle(["sh", "-c", "cd /; echo started"], edit=edit))
+    assert cp.returncode == 0, cp.stderr
+    assert cp.stdout.strip() == "started"
