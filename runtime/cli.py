@@ -128,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     parsed = fastcli.parse(args)
     if parsed is not None:
         g, verb, kw = parsed
+        if verb == "exec":  # runc: a process that could not be started is "exec failed: ...", status 255
+            return guard(g, lambda: VERBS[verb](g, **kw), fail_code=255, prefix="exec failed: ")
         return guard(g, lambda: VERBS[verb](g, **kw))
     from runtime import commands
     return commands.run_click(args)
@@ -141,9 +143,19 @@ def cmd_run(g: Globals, container_id: str, bundle: str, console_socket: str | No
                          preserve_fds=preserve_fds, keep=keep)
 
 
+def cmd_exec(g: Globals, container_id: str, process_file: str, console_socket: str | None, pid_file: str | None,
+             detach: bool, tty: bool, preserve_fds: int, ignore_paused: bool) -> int:
+    """`exec --process FILE`: the JSON is used as given (runc ignores --tty then: the file says terminal)."""
+    from runtime import execflags, lifecycle
+    process = execflags.load_process_file(process_file)
+    rc = lifecycle.exec_process(g.root, container_id, process, console_socket=console_socket, pid_file=pid_file,
+                                detach=detach, preserve_fds=preserve_fds, ignore_paused=ignore_paused)
+    return 0 if detach else rc
+
+
 VERBS: "dict[str, Callable[..., int]]" = {
     "create": cmd_create, "start": cmd_start, "state": cmd_state, "kill": cmd_kill, "delete": cmd_delete,
-    "run": cmd_run,
+    "run": cmd_run, "exec": cmd_exec,
 }
 
 
