@@ -31,38 +31,26 @@ class Globals:
 
 
 def report(g: Globals, msg: str, level: str = "error") -> None:
-    """Writes `msg` to stderr and, with --log, appends a record in runc's text or JSON format."""
-    try:
-        sys.stderr.write(f"husk: {msg}\n")
-        sys.stderr.flush()
-    except OSError:
-        pass
-    if g.log:
-        from runtime.state import dumps_json, now_rfc3339
-        t = now_rfc3339()
-        if g.log_format == "json":
-            line = dumps_json({"level": level, "msg": msg, "time": t})
-        else:
-            line = f"time={dumps_json(t)} level={level} msg={dumps_json(msg)}"
-        try:
-            fd = os.open(g.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            try:
-                os.write(fd, (line + "\n").encode())
-            finally:
-                os.close(fd)
-        except OSError:
-            pass
+    """Reports a command's error the way runc does: a logrus record (text or JSON) in the --log file plus the
+    bare message on stderr, or, without --log, the record on stderr."""
+    from runtime import logutil
+    if logutil.sink() is None:
+        logutil.configure(g.log, g.log_format, g.debug)
+    if level == "error":
+        logutil.error(msg)
+    else:
+        logutil.emit(level, msg)
 
 
 def setup_logging(g: Globals) -> None:
-    if not g.debug:
-        return
-    import logging
-    logging.basicConfig(level=logging.DEBUG, format="%(levelname)s %(name)s: %(message)s")
+    from runtime import logutil
+    logutil.configure(g.log, g.log_format, g.debug)
+    if g.debug:
+        logutil.install_logging_handler()
 
 
-def guard(g: Globals, fn: Callable[[], int | None]) -> int:
-    """Runs a verb; HuskError and OSError become a one-line message and exit status 1."""
+def guard(g: Globals, fn: Callable[[], int | None], fail_code: int = 1, prefix: str = "") -> int:
+    """Runs a verb; HuskError and OSError become a one-line message (after `prefix`) and `fail_code`."""
     try:
         if g.systemd_cgroup:
             raise HuskError("--systemd-cgroup: the systemd cgroup driver is not implemented in husk yet; "
@@ -71,10 +59,10 @@ def guard(g: Globals, fn: Callable[[], int | None]) -> int:
         rc = fn()
         return rc or 0
     except HuskError as e:
-        report(g, str(e))
+        report(g, prefix + str(e))
     except OSError as e:
-        report(g, describe(e))
-    return 1
+        report(g, prefix + describe(e))
+    return fail_code
 
 
 # --- the verbs (shared by the fast path and click) ---------------------------------------------------
@@ -140,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     parsed = fastcli.parse(args)
     if parsed is not None:
         g, verb, kw = parsed
+        if verb == "exec":  # runc: a process that could not be started is "exec failed: ...", status 255
+            return guard(g, lambda: VERBS[verb](g, **kw), fail_code=255, prefix="exec failed: ")
         return guard(g, lambda: VERBS[verb](g, **kw))
     from runtime import commands
     return commands.run_click(args)
@@ -153,9 +143,19 @@ def cmd_run(g: Globals, container_id: str, bundle: str, console_socket: str | No
                          preserve_fds=preserve_fds, keep=keep)
 
 
+def cmd_exec(g: Globals, container_id: str, process_file: str, console_socket: str | None, pid_file: str | None,
+             detach: bool, tty: bool, preserve_fds: int, ignore_paused: bool) -> int:
+    """`exec --process FILE`: the JSON is used as given (runc ignores --tty then: the file says terminal)."""
+    from runtime import execflags, lifecycle
+    process = execflags.load_process_file(process_file)
+    rc = lifecycle.exec_process(g.root, container_id, process, console_socket=console_socket, pid_file=pid_file,
+                                detach=detach, preserve_fds=preserve_fds, ignore_paused=ignore_paused)
+    return 0 if detach else rc
+
+
 VERBS: "dict[str, Callable[..., int]]" = {
     "create": cmd_create, "start": cmd_start, "state": cmd_state, "kill": cmd_kill, "delete": cmd_delete,
-    "run": cmd_run,
+    "run": cmd_run, "exec": cmd_exec,
 }
 
 

@@ -200,85 +200,49 @@ def ps(ctx: click.Context, fmt: str, container_id: str, ps_args: tuple[str, ...]
 
 
 @cli.command("exec", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
-@click.option("--process", "-p", "process_file", default=None, help="an OCI process JSON file")
-@click.option("--tty", "-t", is_flag=True, help="allocate a pty (needs --console-socket)")
+@click.option("--process", "-p", "process_file", default=None, help="an OCI process JSON file (then no command)")
+@click.option("--tty", "-t", is_flag=True, help="allocate a pty (with --console-socket, or proxied in the foreground)")
 @click.option("--console-socket", default=None, help="unix socket that receives the pty master")
 @click.option("--detach", "-d", is_flag=True, help="do not wait for the process")
 @click.option("--pid-file", default=None, help="write the process's pid to this file")
 @click.option("--cwd", default=None, help="working directory inside the container")
-@click.option("--env", "-e", multiple=True, help="KEY=value added to the environment")
-@click.option("--user", "-u", default=None, help="uid[:gid]")
-@click.option("--additional-gids", "-g", multiple=True, type=int, help="extra group ids")
-@click.option("--cap", "-c", multiple=True, help="add a capability (e.g. CAP_NET_ADMIN)")
-@click.option("--no-new-privs", is_flag=True, help="set no_new_privs")
-@click.option("--apparmor", default=None, help="AppArmor profile")
-@click.option("--process-label", default=None, help="SELinux label (ignored: SELinux is not supported)")
+@click.option("--env", "-e", multiple=True, help="KEY=value added to the environment (repeatable)")
+@click.option("--user", "-u", default=None, help="uid[:gid] (numbers)")
+@click.option("--additional-gids", "-g", multiple=True, type=int, help="extra group ids (repeatable)")
+@click.option("--cap", "-c", multiple=True, help="add a capability to every set (e.g. CAP_NET_ADMIN; repeatable)")
+@click.option("--no-new-privs", is_flag=True, help="set no_new_privs for the process")
+@click.option("--apparmor", default=None, help="AppArmor profile for the process")
+@click.option("--process-label", default=None, help="SELinux label (an error: SELinux is not supported)")
 @click.option("--preserve-fds", default=0, type=int, help="pass this many fds after stdio to the process")
-@click.option("--cgroup", default=None, help="run in this sub-cgroup of the container ([controller:]path)")
-@click.option("--ignore-paused", is_flag=True, help="accepted for runc compatibility")
+@click.option("--cgroup", multiple=True, help="run in an existing sub-cgroup: [controller[,controller]:]path")
+@click.option("--ignore-paused", is_flag=True, help="allow exec in a paused container")
 @click.argument("container_id")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def exec_(ctx: click.Context, process_file: str | None, tty: bool, console_socket: str | None, detach: bool,
           pid_file: str | None, cwd: str | None, env: tuple[str, ...], user: str | None,
           additional_gids: tuple[int, ...], cap: tuple[str, ...], no_new_privs: bool, apparmor: str | None,
-          process_label: str | None, preserve_fds: int, cgroup: str | None, ignore_paused: bool,
+          process_label: str | None, preserve_fds: int, cgroup: tuple[str, ...], ignore_paused: bool,
           container_id: str, command: tuple[str, ...]) -> None:
-    """Run a new process inside a running container."""
+    """Run a new process inside a running container; exits with its status (255 if it could not start)."""
     g = _g(ctx)
 
     def do() -> int:
-        from runtime import lifecycle
-        process = build_exec_process(g, container_id, process_file, list(command), tty=tty, cwd=cwd, env=env,
-                                     user=user, additional_gids=additional_gids, caps=cap,
-                                     no_new_privs=no_new_privs, apparmor=apparmor)
+        from runtime import execflags, lifecycle
+        if process_file:
+            process = execflags.load_process_file(process_file)
+        else:
+            from runtime import state as st
+            template = st.load(g.root, container_id).config.get("process") or {}
+            process = execflags.from_flags(template, list(command), tty=tty, cwd=cwd, env=env, user=user,
+                                           additional_gids=additional_gids, caps=cap, no_new_privs=no_new_privs,
+                                           apparmor=apparmor, process_label=process_label)
         rc = lifecycle.exec_process(g.root, container_id, process, console_socket=console_socket,
-                                    pid_file=pid_file, detach=detach, preserve_fds=preserve_fds, cgroup=cgroup)
+                                    pid_file=pid_file, detach=detach, preserve_fds=preserve_fds,
+                                    cgroup=execflags.sub_cgroups(cgroup) or None, ignore_paused=ignore_paused)
         return 0 if detach else rc
-    _finish(ctx, c.guard(g, do))
-
-
-def build_exec_process(g: c.Globals, container_id: str, process_file: str | None, command: list[str], *,
-                       tty: bool, cwd: str | None, env: tuple[str, ...], user: str | None,
-                       additional_gids: tuple[int, ...], caps: tuple[str, ...], no_new_privs: bool,
-                       apparmor: str | None) -> dict[str, Any]:
-    """runc's rules: --process is used as given; otherwise the container's process is the template."""
-    import json
-    if process_file:
-        with open(process_file) as f:
-            try:
-                return json.load(f)
-            except ValueError as e:
-                raise HuskError(f"--process {process_file}: invalid JSON: {e}") from None
-    if not command:
-        raise HuskError("exec: give a command or --process FILE")
-    from runtime import state as st
-    base = dict(st.load(g.root, container_id).config.get("process") or {})
-    proc: dict[str, Any] = {
-        "args": command, "cwd": cwd or base.get("cwd") or "/", "terminal": tty,
-        "env": list(base.get("env") or []) + list(env),
-        "user": dict(base.get("user") or {"uid": 0, "gid": 0}),
-        "capabilities": {k: list(v) for k, v in (base.get("capabilities") or {}).items()},
-        "noNewPrivileges": bool(base.get("noNewPrivileges")) or no_new_privs,
-    }
-    if base.get("rlimits"):
-        proc["rlimits"] = base["rlimits"]
-    if apparmor or base.get("apparmorProfile"):
-        proc["apparmorProfile"] = apparmor or base["apparmorProfile"]
-    if user:
-        uid, _, gid = user.partition(":")
-        try:
-            proc["user"] = {"uid": int(uid), "gid": int(gid) if gid else 0}
-        except ValueError:
-            raise HuskError(f"--user {user!r}: expected uid[:gid] (numbers)") from None
-    if additional_gids:
-        proc["user"]["additionalGids"] = list(additional_gids)
-    for name in caps:
-        for kind in ("bounding", "effective", "permitted", "ambient"):
-            proc["capabilities"].setdefault(kind, [])
-            if name not in proc["capabilities"][kind]:
-                proc["capabilities"][kind].append(name)
-    return proc
+    # runc: a process that could not be started is "exec failed: ..." with status 255
+    _finish(ctx, c.guard(g, do, fail_code=255, prefix="exec failed: "))
 
 
 @cli.command()
@@ -302,65 +266,124 @@ def resume(ctx: click.Context, container_id: str) -> None:
 
 
 @cli.command()
-@click.option("--resources", "-r", "resources", default=None, help="a linux.resources JSON file, '-' for stdin")
+@click.option("--resources", "-r", "resources", default=None,
+              help="a linux.resources JSON file, '-' for stdin (then the other flags are ignored)")
+@click.option("--blkio-weight", default=None, help="block IO weight, 10..1000")
+@click.option("--cpu-period", default=None, help="CPU CFS period (microseconds)")
+@click.option("--cpu-quota", default=None, help="CPU CFS quota (microseconds per period)")
+@click.option("--cpu-share", default=None, help="CPU shares (relative weight)")
+@click.option("--cpu-rt-period", default=None, help="CPU realtime period (microseconds)")
+@click.option("--cpu-rt-runtime", default=None, help="CPU realtime runtime (microseconds per period)")
+@click.option("--cpuset-cpus", default=None, help="CPUs to use (e.g. 0-2,4)")
+@click.option("--cpuset-mems", default=None, help="memory nodes to use")
+@click.option("--memory", default=None, help="memory limit (bytes, or 64m, 1g ...; -1 unlimited)")
+@click.option("--memory-reservation", default=None, help="memory soft limit")
+@click.option("--memory-swap", default=None, help="memory + swap limit (-1 unlimited)")
+@click.option("--pids-limit", default=None, help="maximum number of pids (-1 unlimited)")
+@click.option("--l3-cache-schema", default=None, help="Intel RDT L3 cache schema (not supported: an error)")
+@click.option("--mem-bw-schema", default=None, help="Intel RDT memory bandwidth schema (not supported: an error)")
 @click.argument("container_id")
 @click.pass_context
-def update(ctx: click.Context, resources: str | None, container_id: str) -> None:
-    """Change the cgroup limits of a container (linux.resources JSON)."""
+def update(ctx: click.Context, resources: str | None, l3_cache_schema: str | None, mem_bw_schema: str | None,
+           container_id: str, **flags: str | None) -> None:
+    """Change the cgroup limits of a running container (runc's flags, or a linux.resources JSON)."""
     g = _g(ctx)
 
     def do() -> int:
-        import json
-        from runtime import state as st
-        from runtime.cgroups import manager_for
-        if resources is None:
-            raise HuskError("update: --resources FILE (or -) is required")
-        data = sys.stdin.read() if resources == "-" else open(resources).read()
-        try:
-            res = json.loads(data)
-        except ValueError as e:
-            raise HuskError(f"--resources: invalid JSON: {e}") from None
-        from runtime import config
-        config.check_schema({"ociVersion": "1.0.0", "linux": {"resources": res}})
-        rec = st.load(g.root, container_id)
-        manager_for(rec.cgroup_path).set(res)
+        from runtime import lifecycle, update as up
+        if l3_cache_schema or mem_bw_schema:
+            raise HuskError("Intel RDT (--l3-cache-schema/--mem-bw-schema) is not supported by husk")
+        res = up.read_resources(resources) if resources is not None else up.from_flags(flags)
+        lifecycle.update(g.root, container_id, res)
         return 0
     _finish(ctx, c.guard(g, do))
 
 
 @cli.command()
+@click.option("--interval", default="5s", show_default=True, help="time between stats events (Go duration: 5s, 500ms)")
+@click.option("--stats", "stats_once", is_flag=True, help="print the container's stats once, then exit")
+@click.argument("container_id")
 @click.pass_context
-def features(ctx: click.Context) -> None:
-    """Print what this runtime supports (the runtime-spec features JSON)."""
+def events(ctx: click.Context, interval: str, stats_once: bool, container_id: str) -> None:
+    """Print a running container's events (stats every --interval, OOM notifications) as JSON lines."""
     g = _g(ctx)
 
     def do() -> int:
-        import importlib.util
-        import os
-        from runtime import config, rootfs
+        from runtime import events as ev
+        seconds = ev.parse_duration(interval)
+        try:
+            return ev.run(g.root, container_id, interval=seconds, stats_once=stats_once)
+        except KeyboardInterrupt:
+            return 130
+    _finish(ctx, c.guard(g, do))
+
+
+@cli.command()
+@click.argument("container_id")
+@click.option("--image-path", default=None)
+@click.option("--work-path", default=None)
+@click.option("--parent-path", default=None)
+@click.option("--leave-running", is_flag=True)
+@click.option("--tcp-established", is_flag=True)
+@click.option("--ext-unix-sk", is_flag=True)
+@click.option("--shell-job", is_flag=True)
+@click.option("--lazy-pages", is_flag=True)
+@click.option("--status-fd", default=None)
+@click.option("--page-server", default=None)
+@click.option("--file-locks", is_flag=True)
+@click.option("--pre-dump", is_flag=True)
+@click.option("--manage-cgroups-mode", default=None)
+@click.option("--empty-ns", multiple=True)
+@click.option("--auto-dedup", is_flag=True)
+@click.pass_context
+def checkpoint(ctx: click.Context, container_id: str, **_criu: Any) -> None:
+    """Not supported: husk has no CRIU checkpoint/restore (an error, the container is not touched)."""
+    g = _g(ctx)
+    _finish(ctx, c.guard(g, lambda: _no_criu("checkpoint", container_id)))
+
+
+@cli.command()
+@click.argument("container_id")
+@click.option("--bundle", "-b", default=None)
+@click.option("--console-socket", default=None)
+@click.option("--pid-file", default=None)
+@click.option("--detach", "-d", is_flag=True)
+@click.option("--image-path", default=None)
+@click.option("--work-path", default=None)
+@click.option("--tcp-established", is_flag=True)
+@click.option("--ext-unix-sk", is_flag=True)
+@click.option("--shell-job", is_flag=True)
+@click.option("--file-locks", is_flag=True)
+@click.option("--manage-cgroups-mode", default=None)
+@click.option("--no-subreaper", is_flag=True)
+@click.option("--no-pivot", is_flag=True)
+@click.option("--empty-ns", multiple=True)
+@click.option("--auto-dedup", is_flag=True)
+@click.option("--lazy-pages", is_flag=True)
+@click.option("--lsm-profile", default=None)
+@click.option("--lsm-mount-context", default=None)
+@click.pass_context
+def restore(ctx: click.Context, container_id: str, **_criu: Any) -> None:
+    """Not supported: husk has no CRIU checkpoint/restore (an error; nothing is created)."""
+    g = _g(ctx)
+    _finish(ctx, c.guard(g, lambda: _no_criu("restore", container_id)))
+
+
+def _no_criu(verb: str, container_id: str) -> int:
+    raise HuskError(f"{verb} {container_id}: checkpoint/restore is not supported by husk (it has no CRIU "
+                    f"integration); nothing was changed")
+
+
+@cli.command()
+@click.pass_context
+def features(ctx: click.Context) -> None:
+    """Print what this runtime supports (the runtime-spec features JSON), computed from its own tables."""
+    g = _g(ctx)
+
+    def do() -> int:
+        from runtime.features import document
         from runtime.state import dumps_json
-        seccomp = importlib.util.find_spec("runtime.seccomp") is not None
-        namespaces = ["cgroup", "ipc", "mount", "network", "pid", "user", "uts"]
-        if os.path.exists("/proc/self/ns/time"):
-            namespaces.append("time")
-        opts = sorted(set(rootfs._FLAGS) | set(rootfs.PROPAGATION) | set(rootfs._RATTRS))
-        click.echo(dumps_json({
-            "ociVersionMin": "1.0.0",
-            "ociVersionMax": "1.3.0",
-            "hooks": list(config.HOOK_KINDS),
-            "mountOptions": opts,
-            "linux": {
-                "namespaces": namespaces,
-                "capabilities": list(config.CAPABILITIES),
-                "cgroup": {"v1": True, "v2": True, "systemd": False, "systemdUser": False, "rdma": False},
-                "seccomp": {"enabled": seccomp},
-                "apparmor": {"enabled": True},
-                "selinux": {"enabled": False},
-                "intelRdt": {"enabled": False},
-                "mountExtensions": {"idmap": {"enabled": False}},
-            },
-            "annotations": {"org.husk.version": VERSION},
-        }, indent=2))
+        click.echo(dumps_json(document(), indent=4))
         return 0
     _finish(ctx, c.guard(g, do))
 

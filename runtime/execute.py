@@ -21,14 +21,20 @@ JOIN_ORDER = ("user", "ipc", "uts", "network", "pid", "cgroup", "time", "mount")
 
 
 def exec_process(root: str, container_id: str, process: dict[str, Any], *, console_socket: str | None,
-                 pid_file: str | None, detach: bool, preserve_fds: int, cgroup: str | None) -> int:
+                 pid_file: str | None, detach: bool, preserve_fds: int,
+                 cgroup: "str | dict[str, str] | None", ignore_paused: bool = False) -> int:
+    """`cgroup`: a sub-cgroup of the container's for every controller, or {controller or "": sub path}."""
     from runtime import config
-    from runtime.cgroups import manager_for
     rec = st.load(root, container_id)
     status = st.status(root, rec)
-    if status not in ("created", "running"):
+    if status == "paused" and not ignore_paused:
+        raise InvalidState(f"cannot exec in container {container_id!r}: it is paused (use --ignore-paused to "
+                           f"override)")
+    if status not in ("created", "running", "paused"):
         raise InvalidState(f"cannot exec in container {container_id!r}: it is {status}")
     config.check_process(process)
+    process = _with_container_defaults(process, rec.config.get("process") or {})
+    preserve_fds, process = _listen_fds(preserve_fds, process)
     if process.get("terminal") and not console_socket:
         raise SetupError("process.terminal is true: --console-socket is required")
     ns_fds = _open_namespaces(rec)
@@ -43,11 +49,7 @@ def exec_process(root: str, container_id: str, process: dict[str, Any], *, conso
         if process.get("terminal"):
             from runtime import console
             console_fd = console.connect(console_socket)  # type: ignore[arg-type]
-        cg_path = rec.cgroup_path
-        if cgroup:
-            sub = cgroup.split(":", 1)[-1]
-            cg_path = os.path.normpath(os.path.join(rec.cgroup_path, sub.lstrip("/")))
-        mgr = manager_for(cg_path)
+        join_cgroup = _cgroup_joiner(rec.cgroup_path, cgroup)
         sc.set_child_subreaper(True)  # the exec'd process becomes our child once the intermediate exits
         pid1 = os.fork()
         if pid1 == 0:
@@ -63,9 +65,7 @@ def exec_process(root: str, container_id: str, process: dict[str, Any], *, conso
         console_fd = listener_fd = -1
         pid = 0
         try:
-            if os.geteuid() == 0 or cgroup or mgr.exists():
-                mgr.apply(pid1)
-            # else: a rootless container created without a cgroup (runtime/parent.py): nothing to join
+            join_cgroup(pid1)
             parent_chan.send("go")
             pid = int(parent_chan.expect("pid"))
             _, status1 = os.waitpid(pid1, 0)
@@ -96,6 +96,45 @@ def exec_process(root: str, container_id: str, process: dict[str, Any], *, conso
     for sig in FORWARDED:
         signal.signal(sig, lambda s, _f: _forward(pid, s))
     return _wait(pid)
+
+
+def _with_container_defaults(process: dict[str, Any], container: dict[str, Any]) -> dict[str, Any]:
+    """As runc: an exec process without its own rlimits, AppArmor profile or oomScoreAdj gets the container's."""
+    extra = {k: container[k] for k in ("rlimits", "apparmorProfile", "oomScoreAdj")
+             if not process.get(k) and process.get(k) != 0 and container.get(k) is not None}
+    return {**process, **extra} if extra else process
+
+
+def _listen_fds(preserve_fds: int, process: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """Socket activation as runc: when LISTEN_PID names us, the LISTEN_FDS fds after stdio go along too."""
+    from runtime.parent import activated_fds
+    listen = activated_fds()
+    if not listen:
+        return preserve_fds, process
+    env = list(process.get("env") or []) + [f"LISTEN_FDS={listen}", "LISTEN_PID=1"]
+    return preserve_fds + listen, {**process, "env": env}
+
+
+def _cgroup_joiner(base: str, cgroup: "str | dict[str, str] | None") -> "Any":
+    """A function that moves a pid into the container's cgroup, or into the sub-cgroup(s) --cgroup names."""
+    from runtime.cgroups import manager_for
+    from runtime.execflags import join_sub
+    subs = {"": cgroup} if isinstance(cgroup, str) else dict(cgroup or {})
+    if not subs:
+        mgr = manager_for(base)
+        if os.geteuid() != 0 and not mgr.exists():
+            # a rootless container created without a cgroup (runtime/parent.py): nothing to join
+            return lambda pid: None
+        return mgr.apply
+    if "" in subs:
+        return manager_for(join_sub(base, subs[""])).apply
+    mgr = manager_for(base)
+    paths = {ctrl: join_sub(base, sub) for ctrl, sub in subs.items()}
+    apply_split = getattr(mgr, "apply_split", None)
+    if apply_split is None:
+        raise SetupError(f"--cgroup {','.join(subs)}:...: per-controller sub-cgroups exist only on cgroup v1; "
+                         f"give --cgroup PATH without a controller prefix")
+    return lambda pid: apply_split(pid, paths)
 
 
 def _open_namespaces(rec: st.Record) -> dict[str, int]:

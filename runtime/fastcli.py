@@ -1,4 +1,5 @@
-"""A stdlib parser for exactly runc's flags of the per-container verbs (create, start, state, kill, delete, run).
+"""A stdlib parser for exactly runc's flags of the per-container verbs (create, start, state, kill, delete, run,
+and `exec --process FILE`).
 
 `parse` returns (Globals, verb, kwargs) or None for anything else (another command, --help, an unknown or
 unusual flag), and then the click CLI handles the command line. tests/unit/test_fastcli.py checks that both
@@ -23,6 +24,11 @@ VERB_FLAGS: dict[str, dict[str, tuple[str, bool]]] = {
     "state": {},
     "kill": {"--all": ("all", False), "-a": ("all", False)},
     "delete": {"--force": ("force", False), "-f": ("force", False)},
+    # only the form containerd's shim and conmon send (`exec --process FILE ... ID`); a command line is click's
+    "exec": {"--process": ("process_file", True), "-p": ("process_file", True), "--detach": ("detach", False),
+             "-d": ("detach", False), "--pid-file": ("pid_file", True), "--console-socket": ("console_socket", True),
+             "--tty": ("tty", False), "-t": ("tty", False), "--preserve-fds": ("preserve_fds", True),
+             "--ignore-paused": ("ignore_paused", False)},
     "run": {"--bundle": ("bundle", True), "-b": ("bundle", True), "--console-socket": ("console_socket", True),
             "--pid-file": ("pid_file", True), "--detach": ("detach", False), "-d": ("detach", False),
             "--keep": ("keep", False), "--no-pivot": ("no_pivot", False),
@@ -34,8 +40,10 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "start": {}, "state": {}, "kill": {"all": False}, "delete": {"force": False},
     "run": {"bundle": ".", "console_socket": None, "pid_file": None, "detach": False, "keep": False,
             "no_pivot": False, "no_new_keyring": False, "preserve_fds": 0},
+    "exec": {"process_file": None, "console_socket": None, "pid_file": None, "detach": False, "tty": False,
+             "preserve_fds": 0, "ignore_paused": False},
 }
-POSITIONAL = {"create": 1, "start": 1, "state": 1, "kill": 2, "delete": 1, "run": 1}
+POSITIONAL = {"create": 1, "start": 1, "state": 1, "kill": 2, "delete": 1, "run": 1, "exec": 1}
 
 
 def _take(args: list[str], i: int, table: dict[str, tuple[str, bool]], out: dict[str, Any]) -> int | None:
@@ -83,6 +91,8 @@ def parse(args: list[str]) -> tuple[Globals, str, dict[str, Any]] | None:
         if a == "--":
             pos.extend(args[i + 1:])
             break
+        if verb == "exec" and pos:
+            return None  # runc reads everything after exec's container id as the command
         if a.startswith("-") and len(a) > 1 and not (verb == "kill" and len(pos) == 1 and _looks_signal(a)):
             nxt = _take(args, i, VERB_FLAGS[verb], kw)
             if nxt is None:
@@ -99,7 +109,9 @@ def parse(args: list[str]) -> tuple[Globals, str, dict[str, Any]] | None:
     elif len(pos) != need:
         return None
     kw["container_id"] = pos[0]
-    if verb in ("create", "run"):
+    if verb == "exec" and kw["process_file"] is None:
+        return None
+    if verb in ("create", "run", "exec"):
         try:
             kw["preserve_fds"] = int(kw["preserve_fds"])
         except ValueError:

@@ -67,6 +67,12 @@ def _wants_terminal(bundle: str) -> bool:
         return False  # create reports the real error
 
 
+def forward_signals(pid: int) -> None:
+    """Relays the signals a foreground runtime receives to `pid` (runc's signal handler does the same)."""
+    for sig in FORWARDED:
+        signal.signal(sig, lambda s, _f: _forward(pid, s))
+
+
 def _forward(pid: int, sig: int) -> None:
     try:
         os.kill(pid, sig)
@@ -169,3 +175,5 @@ class _ConsoleProxy:
         self.sock.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
+
+ConsoleProxy = _ConsoleProxy  # used by `husk exec -t` without --console-socket too

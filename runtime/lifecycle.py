@@ -68,12 +68,22 @@ def _release(fifo: str, rec: st.Record) -> str | None:
     """Opens the fifo for reading (unblocking the init) and reads until the init execs (EOF).
     Returns None on success, else the init's error message."""
     import select
-    fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    # The pidfd first: until the fifo is opened the init is blocked, so it cannot have exited and been
+    # reaped yet. (Opened after the fifo, a short-lived program could run, exit and be reaped by the
+    # subreaper before pidfd_open, and a successful start would be reported as "init is gone".)
     try:
-        try:
-            pidfd = os.pidfd_open(rec.pid)  # os's, not ctypes': `start` then needs no ctypes import
-        except OSError:
-            return "the container init is gone"
+        pidfd = os.pidfd_open(rec.pid)  # os's, not ctypes': `start` then needs no ctypes import
+    except OSError:
+        return "the container init is gone"
+    if not st.init_alive(rec):
+        os.close(pidfd)
+        return "the container init is gone"
+    try:
+        fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except BaseException:
+        os.close(pidfd)
+        raise
+    try:
         try:
             data = b""
             init_gone = False
@@ -240,6 +250,36 @@ def resume(root: str, container_id: str) -> None:
         manager_for(rec.cgroup_path).thaw()
 
 
+def update(root: str, container_id: str, resources: dict[str, Any]) -> dict[str, Any]:
+    """Changes the container's cgroup limits live from a `linux.resources` object, by runc's update rules
+    (runtime/update.py: only the fields runc updates; 0 or "" leaves a value as it is), and records them in
+    the state so later calls see them. Returns the container's resources afterwards."""
+    from runtime import config, update as up
+    from runtime.cgroups import manager_for
+    from runtime.errors import ConfigError, HuskError
+    try:
+        config.check_schema({"ociVersion": "1.0.0", "linux": {"resources": resources}})
+    except ConfigError as e:
+        raise HuskError(f"update {container_id}: resources: {e.path[len('linux.resources.'):] or e.path}: "
+                        f"{e.reason}") from None
+    sdir = st.container_dir(root, container_id)
+    with st.Lock(sdir):
+        rec = st.load(root, container_id)
+        if st.status(root, rec) == "stopped":
+            raise InvalidState(NOT_RUNNING)
+        change, ignored = up.changes(resources)
+        if ignored:  # containerd's CRI plugin sends the whole linux.resources (devices too) on every update
+            logutil.debug("update %s: left as they are (runc's update does not change them): %s", container_id,
+                          ", ".join(ignored), container_id=container_id)
+        linux = rec.config.setdefault("linux", {})
+        apply, merged = up.plan(linux.get("resources") or {}, change)
+        if apply:
+            manager_for(rec.cgroup_path).set(apply)
+        linux["resources"] = merged
+        st.save(sdir, rec)
+    return merged
+
+
 def list_containers(root: str) -> list[dict[str, Any]]:
     out = []
     for cid in st.list_ids(root):
@@ -261,12 +301,32 @@ def processes(root: str, container_id: str) -> list[int]:
 
 def exec_process(root: str, container_id: str, process: dict[str, Any], *, console_socket: str | None = None,
                  pid_file: str | None = None, detach: bool = False, preserve_fds: int = 0,
-                 cgroup: str | None = None) -> int:
-    """Runs `process` (an OCI process object) inside the container; detach: its pid, else its exit code.
-    Like create, this makes the caller a child subreaper."""
+                 cgroup: str | dict[str, str] | None = None, ignore_paused: bool = False) -> int:
+    """Runs `process` (an OCI process object) inside the container; detach: its pid, else its exit code
+    (128+signal if killed). A terminal process needs `console_socket`, except in the foreground, where the
+    caller's own stdio is proxied to the pty (as runc does). `cgroup`: a sub-cgroup path, or
+    {controller or "": path} (runc's --cgroup). Like create, this makes the caller a child subreaper."""
     from runtime import execute
-    return execute.exec_process(root, container_id, process, console_socket=console_socket, pid_file=pid_file,
-                                detach=detach, preserve_fds=preserve_fds, cgroup=cgroup)
+    proxy = None
+    if process.get("terminal") and not console_socket:
+        if detach:
+            raise SetupError("cannot allocate a tty for a detached exec without --console-socket")
+        from runtime.foreground import ConsoleProxy
+        proxy = ConsoleProxy()
+        console_socket = proxy.path
+    try:
+        pid = execute.exec_process(root, container_id, process, console_socket=console_socket, pid_file=pid_file,
+                                   detach=detach or proxy is not None, preserve_fds=preserve_fds, cgroup=cgroup,
+                                   ignore_paused=ignore_paused)
+        if proxy is None:
+            return pid  # detached: the pid; in the foreground execute waited and returned the exit code
+        from runtime import foreground
+        proxy.accept()
+        foreground.forward_signals(pid)
+        return proxy.pump(pid)
+    finally:
+        if proxy is not None:
+            proxy.close()
 
 
 def run(root: str, container_id: str, bundle: str, *, detach: bool = False, console_socket: str | None = None,

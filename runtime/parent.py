@@ -76,6 +76,15 @@ class CreateContext:
         return st.dumps_json(self.state(pid, status))
 
 
+def activated_fds() -> int:
+    """How many socket-activation fds (after stdio) were passed to this process: LISTEN_FDS, but only when
+    LISTEN_PID names us, as systemd's protocol (and runc) require; a leftover from an ancestor is ignored."""
+    listen, pid = os.environ.get("LISTEN_FDS", ""), os.environ.get("LISTEN_PID", "")
+    if listen.isdigit() and int(listen) > 0 and pid == str(os.getpid()):
+        return int(listen)
+    return 0
+
+
 def create(root: str, container_id: str, cfg: Config, *, console_socket: str | None, pid_file: str | None,
            no_pivot: bool, no_new_keyring: bool, preserve_fds: int) -> int:
     from runtime import cgroups
@@ -86,11 +95,11 @@ def create(root: str, container_id: str, cfg: Config, *, console_socket: str | N
         raise SetupError("process.terminal is true: --console-socket is required")
     cgroup_path = cgroups.resolve_path(cfg.linux.get("cgroupsPath"), container_id)
     extra_env: dict[str, str] = {}
-    listen = os.environ.get("LISTEN_FDS")
-    if listen and listen.isdigit() and int(listen) > 0:
+    listen = activated_fds()
+    if listen:
         # socket activation: keep the activated fds right after stdio, as runc does
-        preserve_fds += int(listen)
-        extra_env = {"LISTEN_FDS": listen, "LISTEN_PID": "1"}
+        preserve_fds += listen
+        extra_env = {"LISTEN_FDS": str(listen), "LISTEN_PID": "1"}
     with Undo() as undo:
         state_dir, lock = st.create_dir(root, container_id)
         undo.callback(_rmtree, state_dir)

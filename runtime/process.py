@@ -213,6 +213,17 @@ def enter_cwd(cwd: str) -> None:
                          f"descriptor or a magic link); refusing to run the process there")
 
 
+def _enter_cwd_early(cwd: str) -> bool:
+    """enter_cwd before the user switch; False (nothing done) when the runtime's user may not enter it, or on
+    another chdir error, which the later attempt then reports."""
+    try:
+        os.chdir(cwd)
+    except OSError:
+        return False
+    enter_cwd(cwd)
+    return True
+
+
 def close_fds(first: int, keep: tuple[int, ...] = ()) -> None:
     """Closes every fd from `first` up except those in `keep` (before anything can name them by /proc path)."""
     lo = first
@@ -239,6 +250,21 @@ def exec_process(proc: dict[str, Any], path: str, env: dict[str, str], *, seccom
     if proc.get("rlimits") and not rlimits_set:
         set_rlimits(proc["rlimits"])
     apply_scheduling(proc, personality)
+    # Before any seccomp filter: profiles written before close_range(2) existed (runtime-tools', older
+    # docker ones) refuse it, and without noNewPrivileges the filter is loaded right below.
+    first = 3 + preserve_fds
+    sc.close_range(first, 0xFFFFFFFF, sc.CLOSE_RANGE_CLOEXEC)
+    # stdio and the preserved fds must survive execve even if the caller opened them close-on-exec
+    for fd in (0, 1, 2, *range(3, first), *keep_fds):
+        try:
+            os.set_inheritable(fd, True)
+        except OSError:
+            pass
+    # runc's order: the cwd is entered as the runtime's user first (tried again after the user switch only if
+    # that is refused), and the getcwd proof runs before a filter is loaded: a profile may refuse getcwd
+    # (runtime-tools' linux_seccomp test does).
+    cwd = proc.get("cwd") or "/"
+    in_cwd = _enter_cwd_early(cwd)
     if seccomp is not None and not nnp:
         from runtime import seccomp as seccomp_mod
         seccomp_mod.install(seccomp, False, on_listener=on_listener)
@@ -250,19 +276,12 @@ def exec_process(proc: dict[str, Any], path: str, env: dict[str, str], *, seccom
     if nnp:
         sc.set_no_new_privs()
     os.umask(user.get("umask", 0o022) if user.get("umask") is not None else 0o022)
-    enter_cwd(proc.get("cwd") or "/")
+    if not in_cwd:
+        enter_cwd(cwd)
     # Python ignores SIGPIPE and SIGXFSZ; ignored signals survive execve, so give the program the defaults
     for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
-    first = 3 + preserve_fds
-    sc.close_range(first, 0xFFFFFFFF, sc.CLOSE_RANGE_CLOEXEC)
-    # stdio and the preserved fds must survive execve even if the caller opened them close-on-exec
-    for fd in (0, 1, 2, *range(3, first), *keep_fds):
-        try:
-            os.set_inheritable(fd, True)
-        except OSError:
-            pass
     if seccomp is not None and nnp:
         from runtime import seccomp as seccomp_mod
         seccomp_mod.install(seccomp, True, on_listener=on_listener)

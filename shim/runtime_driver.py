@@ -261,10 +261,7 @@ class InProcessRuntime(RuntimeDriver):
         self._call("resume", container_id, self.lc.resume, self.opts.root, container_id)
 
     def update(self, container_id: str, resources: dict[str, Any]) -> None:
-        fn = getattr(self.lc, "update", None)
-        if fn is None:
-            raise RuntimeFailure("update", container_id, "the in-process runtime has no update (use a binary runtime)")
-        self._call("update", container_id, fn, self.opts.root, container_id, resources)
+        self._call("update", container_id, self.lc.update, self.opts.root, container_id, resources)
 
     def state(self, container_id: str) -> dict[str, Any]:
         return self._call("state", container_id, self.lc.state, self.opts.root, container_id)

@@ -17,6 +17,20 @@ class CpuStats:
     nr_periods: int = 0
     nr_throttled: int = 0
     throttled_ns: int = 0
+    percpu_ns: list[int] = field(default_factory=list)         # v1 only (cpuacct.usage_percpu)
+    percpu_user_ns: list[int] = field(default_factory=list)    # v1 only (cpuacct.usage_all)
+    percpu_system_ns: list[int] = field(default_factory=list)
+
+
+@dataclass
+class MemoryEntry:
+    """One memory counter as the kernel reports it (runc's MemoryData): v1 <prefix>.usage_in_bytes,
+    .max_usage_in_bytes, .limit_in_bytes (a huge number when unlimited), .failcnt; v2 memory[.swap].current,
+    .peak, .max (2**64-1 for "max")."""
+    usage: int = 0
+    max_usage: int = 0
+    limit: int = 0
+    failcnt: int = 0
 
 
 @dataclass
@@ -31,6 +45,8 @@ class MemoryStats:
     oom_events: int = 0        # times the limit was hit (v1 failcnt-based / v2 memory.events oom)
     oom_kills: int = 0         # processes killed by the OOM killer in this cgroup (memory.events oom_kill)
     raw: dict[str, int] = field(default_factory=dict)  # memory.stat as read
+    # "usage", "swap" (memory+swap, as v1 counts it), "kernel", "kernelTCP": the counters runc's events shows
+    entries: dict[str, MemoryEntry] = field(default_factory=dict)
 
 
 @dataclass
@@ -39,12 +55,30 @@ class PidsStats:
     limit: int = 0             # 0 = unlimited
 
 
+@dataclass(frozen=True)
+class BlkioEntry:
+    major: int
+    minor: int
+    op: str        # "Read", "Write", "Sync", "Async", "Discard", "Total" as the kernel names them
+    value: int
+
+
 @dataclass
 class IoStats:
     read_bytes: int = 0
     write_bytes: int = 0
     read_ios: int = 0
     write_ios: int = 0
+    # per device, by runc's names ("ioServiceBytesRecursive", "ioServicedRecursive", ...)
+    entries: dict[str, list[BlkioEntry]] = field(default_factory=dict)
+
+
+@dataclass
+class CpusetStats:
+    """v1 cpuset files (runc's CPUSetStats); empty on v2."""
+    cpus: list[int] = field(default_factory=list)
+    mems: list[int] = field(default_factory=list)
+    flags: dict[str, int] = field(default_factory=dict)   # cpu_exclusive, mem_hardwall, ... as runc names them
 
 
 @dataclass
@@ -62,6 +96,7 @@ class Stats:
     pids: PidsStats = field(default_factory=PidsStats)
     io: IoStats = field(default_factory=IoStats)
     hugetlb: dict[str, HugetlbStats] = field(default_factory=dict)   # page size ("2MB") -> stats
+    cpuset: CpusetStats = field(default_factory=CpusetStats)
 
 
 class Manager(Protocol):

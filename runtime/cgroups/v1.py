@@ -172,9 +172,38 @@ class V1Manager:
             except OSError as e:
                 raise SetupError(f"add pid {pid} to {path}: {e.strerror}") from None
 
+    def apply_split(self, pid: int, paths: dict[str, str]) -> None:
+        """`exec --cgroup ctrl:sub` on v1: moves `pid` into `paths[ctrl]` (absolute within the hierarchy) for
+        the controllers named there and into this cgroup for the others."""
+        for ctrl in paths:
+            if ctrl not in self.hier:
+                raise SetupError(f"unknown controller {ctrl!r} in --cgroup (mounted here: {' '.join(self.hier)})")
+        by_mount: dict[str, str] = {}
+        for ctrl, mnt in self.hier.items():
+            want = paths.get(ctrl)
+            if want is not None or mnt not in by_mount:
+                by_mount[mnt] = want if want is not None else by_mount.get(mnt, self.path)
+        for mnt, path in by_mount.items():
+            d = mnt + path if path != "/" else mnt
+            try:
+                with open(os.path.join(d, "cgroup.procs"), "w") as f:
+                    f.write(str(pid))
+            except FileNotFoundError:
+                raise SetupError(f"add pid {pid} to cgroup {path}: {d} does not exist") from None
+            except OSError as e:
+                raise SetupError(f"add pid {pid} to {d}/cgroup.procs: {e.strerror}") from None
+
     def destroy(self) -> None:
+        """Removes the cgroup in every hierarchy, sub-cgroups first (made by `exec --cgroup` users or by a
+        systemd inside the container), as runc does."""
         errors = []
-        for d in self._dirs():
+        dirs = []
+        for top in self._dirs():
+            try:
+                dirs += [dp for dp, _d, _f in os.walk(top, topdown=False)]
+            except OSError:
+                dirs.append(top)
+        for d in dirs:
             for attempt in range(50):
                 try:
                     os.rmdir(d)
@@ -388,6 +417,12 @@ class V1Manager:
         from runtime.cgroups.manager import CpuStats, HugetlbStats, IoStats, MemoryStats, PidsStats, Stats
         s = Stats()
         cpu = CpuStats(usage_ns=self._read_int("cpuacct", "cpuacct.usage"))
+        cpu.percpu_ns = [int(x) for x in (self._read("cpuacct", "cpuacct.usage_percpu") or "").split()]
+        for line in (self._read("cpuacct", "cpuacct.usage_all") or "").splitlines()[1:]:
+            parts = line.split()
+            if len(parts) == 3:
+                cpu.percpu_user_ns.append(int(parts[1]))
+                cpu.percpu_system_ns.append(int(parts[2]))
         for line in (self._read("cpuacct", "cpuacct.stat") or "").splitlines():
             k, _, v = line.partition(" ")
             if k == "user":
@@ -426,6 +461,10 @@ class V1Manager:
             working_set=max(0, usage - inactive), rss=raw.get("total_rss", 0), cache=raw.get("total_cache", 0),
             swap_usage=max(0, memsw - usage) if memsw else 0, oom_events=self._read_int("memory", "memory.failcnt"),
             oom_kills=oom_kills, raw=raw)
+        for key, prefix in (("usage", "memory"), ("swap", "memory.memsw"), ("kernel", "memory.kmem"),
+                            ("kernelTCP", "memory.kmem.tcp")):
+            if self._has("memory", f"{prefix}.limit_in_bytes"):
+                s.memory.entries[key] = self._memory_entry(prefix)
         pmax = (self._read("pids", "pids.max") or "").strip()
         s.pids = PidsStats(current=self._read_int("pids", "pids.current"),
                            limit=0 if pmax in ("", "max") else int(pmax))
@@ -440,7 +479,9 @@ class V1Manager:
                     setattr(io, f"read_{attr}", getattr(io, f"read_{attr}") + int(parts[2]))
                 elif parts[1] == "Write":
                     setattr(io, f"write_{attr}", getattr(io, f"write_{attr}") + int(parts[2]))
+        io.entries = self._blkio_entries()
         s.io = io
+        s.cpuset = self._cpuset_stats()
         d = self.dir("hugetlb")
         if d and os.path.isdir(d):
             for fn in os.listdir(d):
@@ -451,6 +492,78 @@ class V1Manager:
                         max_usage=self._read_int("hugetlb", f"hugetlb.{size}.max_usage_in_bytes"),
                         failcnt=self._read_int("hugetlb", f"hugetlb.{size}.failcnt"))
         return s
+
+
+    def _memory_entry(self, prefix: str) -> "Any":
+        from runtime.cgroups.manager import MemoryEntry
+        return MemoryEntry(usage=self._read_int("memory", f"{prefix}.usage_in_bytes"),
+                           max_usage=self._read_int("memory", f"{prefix}.max_usage_in_bytes"),
+                           limit=self._read_int("memory", f"{prefix}.limit_in_bytes"),
+                           failcnt=self._read_int("memory", f"{prefix}.failcnt"))
+
+    # runc's order: the first group whose files exist is reported (BFQ, CFQ, throttle recursive, throttle)
+    _BLKIO_GROUPS = (
+        (("blkio.bfq.io_serviced_recursive", "ioServicedRecursive"),
+         ("blkio.bfq.io_service_bytes_recursive", "ioServiceBytesRecursive")),
+        (("blkio.sectors_recursive", "sectorsRecursive"),
+         ("blkio.io_service_time_recursive", "ioServiceTimeRecursive"),
+         ("blkio.io_wait_time_recursive", "ioWaitTimeRecursive"),
+         ("blkio.io_merged_recursive", "ioMergedRecursive"),
+         ("blkio.io_time_recursive", "ioTimeRecursive"),
+         ("blkio.io_queued_recursive", "ioQueueRecursive"),
+         ("blkio.io_serviced_recursive", "ioServicedRecursive"),
+         ("blkio.io_service_bytes_recursive", "ioServiceBytesRecursive")),
+        (("blkio.throttle.io_serviced_recursive", "ioServicedRecursive"),
+         ("blkio.throttle.io_service_bytes_recursive", "ioServiceBytesRecursive")),
+        (("blkio.throttle.io_serviced", "ioServicedRecursive"),
+         ("blkio.throttle.io_service_bytes", "ioServiceBytesRecursive")),
+    )
+
+    def _blkio_entries(self) -> "dict[str, list[Any]]":
+        from runtime.cgroups.manager import BlkioEntry
+        for group in self._BLKIO_GROUPS:
+            if not all(self._has("blkio", name) for name, _ in group):
+                continue
+            out: dict[str, list[Any]] = {}
+            for name, key in group:
+                entries = []
+                for line in (self._read("blkio", name) or "").splitlines():
+                    parts = line.split()
+                    dev = parts[0].split(":") if parts else []
+                    if len(dev) != 2 or not all(x.isdigit() for x in dev) or len(parts) < 2:
+                        continue  # the "Total N" line
+                    op, value = (parts[1], parts[2]) if len(parts) == 3 else ("", parts[1])
+                    entries.append(BlkioEntry(int(dev[0]), int(dev[1]), op, int(value)))
+                if entries:
+                    out[key] = entries
+            return out
+        return {}
+
+    _CPUSET_FLAGS = ("cpu_exclusive", "mem_hardwall", "mem_exclusive", "memory_migrate", "memory_spread_page",
+                     "memory_spread_slab", "memory_pressure", "sched_load_balance", "sched_relax_domain_level")
+
+    def _cpuset_stats(self) -> "Any":
+        from runtime.cgroups.manager import CpusetStats
+        cs = CpusetStats()
+        if self.dir("cpuset") is None:
+            return cs
+        cs.cpus = _id_list(self._read("cpuset", "cpuset.cpus") or "")
+        cs.mems = _id_list(self._read("cpuset", "cpuset.mems") or "")
+        for flag in self._CPUSET_FLAGS:
+            text = (self._read("cpuset", f"cpuset.{flag}") or "").strip()
+            if text.lstrip("-").isdigit():
+                cs.flags[flag] = int(text)
+        return cs
+
+
+def _id_list(text: str) -> list[int]:
+    """"0-2,4" -> [0, 1, 2, 4] (cpuset lists); malformed parts are skipped."""
+    out: list[int] = []
+    for part in text.strip().split(","):
+        lo, _, hi = part.partition("-")
+        if lo.isdigit() and (hi.isdigit() or not hi):
+            out.extend(range(int(lo), int(hi or lo) + 1))
+    return out
 
 
 def device_rule(r: dict[str, Any]) -> str:

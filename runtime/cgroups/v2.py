@@ -14,7 +14,8 @@ import time
 from typing import Any
 
 from runtime.cgroups import v2_resources
-from runtime.cgroups.manager import CpuStats, HugetlbStats, IoStats, MemoryStats, PidsStats, Stats
+from runtime.cgroups.manager import (BlkioEntry, CpuStats, HugetlbStats, IoStats, MemoryEntry, MemoryStats,
+                                     PidsStats, Stats)
 from runtime.errors import SetupError
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,14 @@ def parse_nested_keyed(text: str) -> dict[str, dict[str, int]]:
 def _limit(text: str) -> int:
     text = text.strip()
     return 0 if text in ("max", "") else int(text)
+
+
+UNLIMITED = 2**64 - 1  # how runc reports a v2 "max"
+
+
+def _limit_raw(text: str) -> int:
+    text = text.strip()
+    return UNLIMITED if text in ("max", "") else int(text)
 
 
 class V2Manager:
@@ -222,16 +231,38 @@ class V2Manager:
                 oom_kills=events.get("oom_kill", 0),
                 raw=raw,
             )
+            st.memory.entries["usage"] = MemoryEntry(usage=usage, max_usage=st.memory.max_usage,
+                                                     limit=_limit_raw(self._readf("memory.max")))
+            if self._has_file("memory.swap.current"):
+                # runc reports memory+swap here, as v1 counts it
+                swap_limit = (_limit_raw(self._readf("memory.swap.max")) if self._has_file("memory.swap.max")
+                              else UNLIMITED)
+                mem_limit = st.memory.entries["usage"].limit
+                st.memory.entries["swap"] = MemoryEntry(
+                    usage=st.memory.swap_usage + usage,
+                    limit=swap_limit if swap_limit == UNLIMITED else min(UNLIMITED, swap_limit + mem_limit))
         if self._has_file("pids.current"):
             st.pids = PidsStats(current=int(self._readf("pids.current")),
                                 limit=_limit(self._readf("pids.max")))
         if self._has_file("io.stat"):
             io = IoStats()
-            for dev in parse_nested_keyed(self._readf("io.stat")).values():
+            for name, dev in parse_nested_keyed(self._readf("io.stat")).items():
                 io.read_bytes += dev.get("rbytes", 0)
                 io.write_bytes += dev.get("wbytes", 0)
                 io.read_ios += dev.get("rios", 0)
                 io.write_ios += dev.get("wios", 0)
+                major, _, minor = name.partition(":")
+                if not (major.isdigit() and minor.isdigit()):
+                    continue
+                for key, op, runc_key in (("rbytes", "Read", "ioServiceBytesRecursive"),
+                                          ("wbytes", "Write", "ioServiceBytesRecursive"),
+                                          ("dbytes", "Discard", "ioServiceBytesRecursive"),
+                                          ("rios", "Read", "ioServicedRecursive"),
+                                          ("wios", "Write", "ioServicedRecursive"),
+                                          ("dios", "Discard", "ioServicedRecursive")):
+                    if key in dev:
+                        io.entries.setdefault(runc_key, []).append(
+                            BlkioEntry(int(major), int(minor), op, dev[key]))
             st.io = io
         try:
             names = os.listdir(self.dir)

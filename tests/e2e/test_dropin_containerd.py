@@ -231,6 +231,35 @@ def test_run_rm_leaves_nothing(ctd: PrivateContainerd, busybox_image: BuiltImage
     assert host.wait_until(lambda: ctd.leftovers(cid, []) == []), ctd.leftovers(cid, [])
 
 
+def test_exec_user_and_cwd(ctd: PrivateContainerd, busybox_image: BuiltImage, cid: str) -> None:
+    # ctr puts --user/--cwd into the process JSON the shim hands to `exec --process FILE`
+    ctd.run(busybox_image.name, cid, "sleep", "1000", detach=True)
+    res = _printed(lambda i: ctd.ctr("task", "exec", "--exec-id", f"u{i}", "--user", "1000", "--cwd", "/tmp", cid,
+                                     "sh", "-c", "id -u; pwd; grep CapEff /proc/self/status"))
+    lines = res.stdout.split("\n")
+    assert lines[:2] == ["1000", "/tmp"]
+    assert lines[2].split()[1] == "0000000000000000"  # a non-root user keeps no effective capabilities
+
+
+def test_metrics_read_the_runtimes_cgroup(ctd: PrivateContainerd, busybox_image: BuiltImage, cid: str) -> None:
+    ctd.run(busybox_image.name, cid, "sleep", "1000", detach=True, extra=("--memory-limit", str(48 << 20)))
+    res = ctd.ctr("task", "metrics", "--format", "json", cid)
+    import json
+    data = json.loads(res.stdout)
+    assert data["memory"]["usage"]["limit"] == 48 << 20
+    assert data["pids"]["current"] >= 1
+
+
+def test_checkpoint_failure_is_reported(ctd: PrivateContainerd, busybox_image: BuiltImage, cid: str) -> None:
+    # No CRIU on this host: runc fails in CRIU, husk refuses checkpoint outright; the task keeps running.
+    ctd.run(busybox_image.name, cid, "sleep", "1000", detach=True)
+    res = ctd.ctr("task", "checkpoint", cid, check=False)
+    assert res.returncode != 0
+    if ctd.runtime.name == "husk":
+        assert "checkpoint/restore is not supported by husk" in res.stderr, res.stderr
+    assert ctd.task_status(cid) == "RUNNING"
+
+
 def _children(pid: int) -> list[int]:
     out = []
     for task in Path(f"/proc/{pid}/task").iterdir():

@@ -200,3 +200,29 @@ def test_run_rm_leaves_nothing(pm: PrivatePodman, busybox_image: BuiltImage, nam
     pm.podman("start", "--attach", name)
     pm.podman("rm", name)
     assert host.wait_until(lambda: pm.leftovers(cid, []) == []), pm.leftovers(cid, [])
+
+
+def test_exec_user_env_workdir(pm: PrivatePodman, busybox_image: BuiltImage, name: str) -> None:
+    # conmon hands these to the runtime inside `exec --process FILE`
+    pm.run(busybox_image.name, "sleep", "1000", name=name, detach=True)
+    res = pm.podman("exec", "--user", "1000:1001", "--env", "GREETING=hi there", "--workdir", "/tmp", name,
+                    "sh", "-c", 'id -u; id -g; echo "$GREETING"; pwd')
+    assert res.stdout.split("\n")[:4] == ["1000", "1001", "hi there", "/tmp"]
+    res = pm.podman("exec", "--privileged", name, "sh", "-c", "grep CapEff /proc/self/status")
+    assert res.stdout.split()[1] != "0000000000000000"
+
+
+def test_update_changes_the_running_cgroup(pm: PrivatePodman, busybox_image: BuiltImage, name: str) -> None:
+    # podman 4.3 runs `<runtime> update --resources=FILE ID` with a linux.resources JSON
+    pm.run(busybox_image.name, "sleep", "1000", name=name, detach=True, extra=("--memory", "64m"))
+    cid = pm.inspect(name)["Id"]
+    pm.podman("update", "--memory", "96m", "--memory-swap", "192m", "--cpu-shares", "256", name)
+    paths = host.cgroup_paths(pm.cgroup_path(cid))
+    mem = [p for p in paths if (p / "memory.limit_in_bytes").exists()]
+    cpu = [p for p in paths if (p / "cpu.shares").exists()]
+    assert int((mem[0] / "memory.limit_in_bytes").read_text()) == 96 << 20
+    assert int((mem[0] / "memory.memsw.limit_in_bytes").read_text()) == 192 << 20
+    assert int((cpu[0] / "cpu.shares").read_text()) == 256
+    inside = pm.podman("exec", name, "cat", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+    assert inside.stdout.strip() == str(96 << 20)
+

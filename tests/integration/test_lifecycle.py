@@ -283,4 +283,4 @@ def test_exec_into_missing_sub_cgroup_fails(husk, make_bundle) -> None:
     cid = "rtit-execcg-" + os.urandom(3).hex()
     husk.run(make_bundle(["sleep", "1000"]), cid, "-d")
     cp = husk("exec", "--cgroup", "no-such-sub", cid, "true", check=False)
-    assert cp.returncode == 1 and "does not exist" in cp.stderr
+    assert cp.returncode == 255 and "does not exist" in cp.stderr

@@ -96,14 +96,14 @@ def test_exec_in_stopped_container_fails(husk, make_bundle) -> None:
             break
         time.sleep(0.02)
     cp = husk("exec", cid, "true", check=False)
-    assert cp.returncode == 1 and "stopped" in cp.stderr
+    assert cp.returncode == 255 and "stopped" in cp.stderr  # runc: "exec failed: ...", status 255
 
 
 def test_exec_missing_binary_is_reported(husk, make_bundle) -> None:
     cid = "rtit-execmiss-" + os.urandom(3).hex()
     husk.run(make_bundle(["sleep", "1000"]), cid, "-d")
     cp = husk("exec", cid, "no-such-thing", check=False)
-    assert cp.returncode == 1 and "executable file not found" in cp.stderr
+    assert cp.returncode == 255 and "executable file not found" in cp.stderr
 
 
 def test_failing_poststop_hook_warns_and_continues(husk, make_bundle, tmp_path: Path) -> None:

@@ -159,13 +159,18 @@ def test_pause_resume_stats_update(tmp_path, shim):
         assert st.type_url == "io.containerd.cgroups.v1.Metrics"
         m = cgroups_v1.Metrics.decode(st.value)
         assert m.pids.current >= 1 and m.memory.usage.usage > 0
-        if shim.runtime != "husk":
-            limit = 64 << 20
+        # both drivers: runc through its command line, husk in-process through runtime.lifecycle.update
+        limit = 64 << 20
+        c.Update(id=shim.cid, resources=google.Any(
+            type_url="types.containerd.io/opencontainers/runtime-spec/1/LinuxResources",
+            value=json.dumps({"memory": {"limit": limit}, "pids": {"limit": 42}, "cpu": {"shares": 0}}).encode()))
+        m = cgroups_v1.Metrics.decode(c.Stats(id=shim.cid).stats.value)
+        assert m.memory.usage.limit == limit and m.pids.limit == 42
+        with pytest.raises(w.TtrpcError) as e:
             c.Update(id=shim.cid, resources=google.Any(
                 type_url="types.containerd.io/opencontainers/runtime-spec/1/LinuxResources",
-                value=json.dumps({"memory": {"limit": limit}}).encode()))
-            m = cgroups_v1.Metrics.decode(c.Stats(id=shim.cid).stats.value)
-            assert m.memory.usage.limit == limit
+                value=json.dumps({"memory": {"limit": "lots"}}).encode()))
+        assert "limit" in str(e.value)
         with pytest.raises(w.TtrpcError) as e:
             c.Checkpoint(id=shim.cid, path="/nowhere")
         assert e.value.code == w.UNIMPLEMENTED

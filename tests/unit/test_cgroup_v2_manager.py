@@ -60,6 +60,12 @@ def test_stats_from_files(tmp_path: Path) -> None:
     assert (st.io.read_bytes, st.io.write_bytes, st.io.read_ios, st.io.write_ios) == (11, 22, 4, 6)
     assert set(st.hugetlb) == {"2MB"}
     assert (st.hugetlb["2MB"].usage, st.hugetlb["2MB"].failcnt) == (4194304, 5)
+    # what `husk events` reports in runc's shape
+    assert st.memory.entries["usage"].limit == 2**64 - 1 and st.memory.entries["usage"].max_usage == 2_000_000
+    assert st.memory.entries["swap"].usage == 1_000_000 and st.memory.entries["swap"].limit == 2**64 - 1
+    reads = [(e.major, e.minor, e.op, e.value) for e in st.io.entries["ioServiceBytesRecursive"]]
+    assert reads == [(8, 0, "Read", 10), (8, 0, "Write", 20), (8, 16, "Read", 1), (8, 16, "Write", 2)]
+    assert len(st.io.entries["ioServicedRecursive"]) == 4
 
 
 def test_create_enables_controllers_in_ancestors_and_rolls_back(tmp_path: Path, monkeypatch) -> None:

@@ -27,11 +27,20 @@ LINES = [
     ["--debug", "delete", "c1"],
     ["--root", "/r", "run", "--bundle", "/b", "c1"],
     ["run", "-d", "-b", "/b", "--pid-file", "/p", "--keep", "--no-pivot", "c1"],
+    # containerd's shim and conmon (tests/data/runc-argv)
+    ["--root", "/r", "--log", "/b/log.json", "--log-format", "json", "exec", "--process", "/t/p.json", "--detach",
+     "--pid-file", "/t/e.pid", "c1"],
+    ["--root", "/r", "exec", "--process", "/t/p.json", "--console-socket", "/t/s", "--detach", "--pid-file",
+     "/t/e.pid", "c1"],
+    ["exec", "--pid-file", "/t/e.pid", "--process", "/t/p.json", "--detach", "--tty", "--console-socket", "/t/s",
+     "c1"],
+    ["exec", "-p", "/t/p.json", "--preserve-fds", "2", "--ignore-paused", "c1"],
 ]
 
 DECLINED = [
     ["run", "--help"], ["--help"], ["create", "--help"], ["create", "--bogus", "c1"], ["state"], ["state", "a", "b"],
-    ["list"], ["exec", "c1", "ls"], ["kill", "c1", "9", "extra"], ["--root"], ["create", "--preserve-fds", "x", "c"],
+    ["list"], ["exec", "c1", "ls"], ["exec", "-p", "/p.json", "c1", "ls"], ["exec", "--user", "1", "-p", "/p", "c1"],
+    ["exec", "-p", "/p"], ["kill", "c1", "9", "extra"], ["--root"], ["create", "--preserve-fds", "x", "c"],
     ["--log-format", "yaml", "state", "c"], ["delete", "--force=true", "c"], [],
 ]
 
@@ -53,6 +62,9 @@ def to_click_names(verb: str, kw: dict) -> dict:
     if verb == "kill":
         out["all_"] = out.pop("all")
         out["signal"] = out.pop("sig")
+    if verb == "exec":  # the flags the fast path declines keep click's defaults
+        out.update(cwd=None, env=(), user=None, additional_gids=(), cap=(), no_new_privs=False, apparmor=None,
+                   process_label=None, cgroup=(), command=())
     return out
 
 
@@ -90,3 +102,18 @@ def test_fast_path_does_not_import_click() -> None:
     cp = subprocess.run([sys.executable, "-I", "-S", "-c", f"import sys; sys.path.insert(0, {repr(str(__import__('pathlib').Path(__file__).resolve().parents[2]))}); " + code],
                         capture_output=True, text=True)
     assert cp.stdout.strip() == "False False False", cp.stderr
+
+
+def test_exec_with_process_file_does_not_import_click(tmp_path) -> None:
+    """conmon and containerd's shim run `exec --process FILE ... ID` for every exec (health checks too)."""
+    import subprocess
+    import sys
+    pf = tmp_path / "p.json"
+    pf.write_text('{"args": ["true"], "cwd": "/"}')
+    top = repr(str(__import__('pathlib').Path(__file__).resolve().parents[2]))
+    code = (f"import sys; sys.path.insert(0, {top}); from runtime import cli; "
+            f"rc = cli.main(['--root', {str(tmp_path / 'root')!r}, 'exec', '--process', {str(pf)!r}, '--detach', "
+            f"'x']); print(rc, 'click' in sys.modules)")
+    cp = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True)
+    assert cp.stdout.strip() == "255 False", cp.stderr
+    assert "exec failed: " in cp.stderr and "does not exist" in cp.stderr
