@@ -33,6 +33,10 @@ def _effective(ctx: click.Context) -> cfg.Config:
 @click.option("--cni-bin-dir", metavar="DIR", multiple=True, help="CNI plugin directory (repeatable).")
 @click.option("--registry-config-dir", metavar="DIR", help="Registry hosts: containerd's hosts.toml layout.")
 @click.option("--stream-address", metavar="ADDR", help="Address of the exec/attach/port-forward server.")
+@click.option("--stream-tls-cert", metavar="FILE", help="PEM certificate: the streaming server speaks TLS only.")
+@click.option("--stream-tls-key", metavar="FILE", help="PEM private key of --stream-tls-cert.")
+@click.option("--stream-tls-ca", metavar="FILE", help="PEM CA: streaming clients must present a certificate it "
+                                                      "signed.")
 @click.option("--runtime", metavar="BINARY", help="OCI runtime of the default handler, or in-process.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False))
 @click.pass_context

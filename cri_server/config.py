@@ -76,6 +76,15 @@ class RegistryConfig:
 class StreamingConfig:
     address: str = _opt("127.0.0.1", "address the exec/attach/port-forward server binds")
     port: int = _opt(0, "port of the streaming server; 0 picks a free one")
+    tls_cert_file: str = _opt("", "PEM certificate (chain) of the streaming server; with tls_key_file the server "
+                                  "speaks TLS only and its URLs are https://; empty: plain HTTP")
+    tls_key_file: str = _opt("", "PEM private key of tls_cert_file")
+    tls_ca_file: str = _opt("", "PEM CA bundle: when set, clients must present a certificate it signed "
+                                "(mutual TLS); needs tls_cert_file")
+
+    @property
+    def tls(self) -> bool:
+        return bool(self.tls_cert_file)
 
 
 @dataclass(frozen=True)
@@ -196,6 +205,22 @@ def validate(config: Config, source: str = "") -> None:
         raise ConfigError("runtime.handlers", "the default handler is set with runtime.runtime", source)
     if not 0 <= config.streaming.port <= 65535:
         raise ConfigError("streaming.port", "must be 0..65535", source)
+    _validate_streaming_tls(config.streaming, source)
+
+
+def _validate_streaming_tls(st: StreamingConfig, source: str) -> None:
+    """The TLS keys come as a set; whether the files exist and parse is checked when the server starts."""
+    for key in ("tls_cert_file", "tls_key_file", "tls_ca_file"):
+        value = getattr(st, key)
+        if value and not os.path.isabs(value):
+            raise ConfigError(f"streaming.{key}", f"must be an absolute path, got {value!r}", source)
+    if st.tls_cert_file and not st.tls_key_file:
+        raise ConfigError("streaming.tls_key_file", "must be set when streaming.tls_cert_file is", source)
+    if st.tls_key_file and not st.tls_cert_file:
+        raise ConfigError("streaming.tls_cert_file", "must be set when streaming.tls_key_file is", source)
+    if st.tls_ca_file and not st.tls_cert_file:
+        raise ConfigError("streaming.tls_ca_file", "client certificates need TLS: set streaming.tls_cert_file "
+                                                   "and streaming.tls_key_file too", source)
 
 
 def load(path: str | None) -> Config:
@@ -226,6 +251,9 @@ FLAG_KEYS = {
     "cni_bin_dir": ("cni", "bin_dirs"),
     "registry_config_dir": ("registry", "config_dir"),
     "stream_address": ("streaming", "address"),
+    "stream_tls_cert": ("streaming", "tls_cert_file"),
+    "stream_tls_key": ("streaming", "tls_key_file"),
+    "stream_tls_ca": ("streaming", "tls_ca_file"),
 }
 
 

@@ -116,16 +116,21 @@ async def serve(config: Config, policy: oom.OomScorePolicy, spawner: Any = None,
 
     from cri_server import recovery
     from cri_server.api.v1 import api_pb2_grpc
+    from cri_server.config import ConfigError
     from cri_server.context import RuntimeSettings, Services
     from cri_server.images.service import ImageService
     from cri_server.network.cni import CniManager
-    from cri_server.rpc.streaming import make_server
+    from cri_server.rpc.streaming import make_server, tls_context
     from cri_server.service import ImageServicer, RuntimeServicer
     from cri_server.shims import ShimManager
     from cri_server.spec.context import HostInfo
     from cri_server.store.store import Store
     from cri_server.tasks import TaskMonitor
 
+    try:
+        tls = tls_context(config.streaming)     # before anything else: a bad file changes nothing
+    except ConfigError as e:
+        raise StartupError(str(e)) from None
     store = Store(config.db_path)
     runtime = default_runtime(config)
     services = Services(
@@ -138,7 +143,7 @@ async def serve(config: Config, policy: oom.OomScorePolicy, spawner: Any = None,
         host=HostInfo.detect(policy), default_runtime=runtime)
     services.tasks = TaskMonitor(services)
     await recovery.recover(services)
-    services.streaming = make_server(services)
+    services.streaming = make_server(services, tls)
     if services.streaming is not None:
         await services.streaming.start()
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", 16 << 20),

@@ -7,9 +7,11 @@ The sessions themselves belong to cri_server/streaming.
 from __future__ import annotations
 
 import logging
+import ssl
 from typing import Any
 
 from cri_server.api.v1 import api_pb2 as pb
+from cri_server.config import ConfigError, StreamingConfig
 from cri_server.context import Services
 from cri_server.errors import CriError, FailedPrecondition, InvalidArgument, Unimplemented
 from cri_server.store.records import ContainerState, SandboxState
@@ -94,8 +96,24 @@ async def port_forward(svc: Services, req: pb.PortForwardRequest) -> pb.PortForw
     return pb.PortForwardResponse(url=_url(svc, "get_port_forward_url", req))
 
 
-def make_server(svc: Services) -> Any:
-    """The streaming server with the shim-backed backend, or None when this build has no backend yet."""
+_TLS_KEYS = {"cert": "streaming.tls_cert_file", "key": "streaming.tls_key_file", "ca": "streaming.tls_ca_file"}
+
+
+def tls_context(config: StreamingConfig) -> ssl.SSLContext | None:
+    """The streaming server's TLS context when the config asks for TLS, else None. A missing or bad file is a
+    ConfigError naming the key and the file."""
+    if not config.tls:
+        return None
+    from cri_server.streaming.tls import TlsFileError, TlsFiles, server_context
+    try:
+        return server_context(TlsFiles(config.tls_cert_file, config.tls_key_file, config.tls_ca_file))
+    except TlsFileError as e:
+        raise ConfigError(_TLS_KEYS[e.which], str(e)) from None
+
+
+def make_server(svc: Services, tls: ssl.SSLContext | None = None) -> Any:
+    """The streaming server with the shim-backed backend (TLS when `tls` is given), or None when this build has
+    no backend yet."""
     try:
         from cri_server.streaming.husk_backend import HuskStreamBackend
     except ImportError as e:
@@ -103,7 +121,11 @@ def make_server(svc: Services) -> Any:
         return None
     from cri_server.streaming import StreamingServer
     backend = HuskStreamBackend(StoreTargets(svc))
-    return StreamingServer((svc.config.streaming.address, svc.config.streaming.port), backend)
+    st = svc.config.streaming
+    if tls is not None:
+        log.info("streaming over TLS", extra={"cert": st.tls_cert_file,
+                                              "client_certificates": "required" if st.tls_ca_file else "no"})
+    return StreamingServer((st.address, st.port), backend, tls=tls)
 
 
-__all__ = ["StoreTargets", "attach", "exec_", "make_server", "port_forward"]
+__all__ = ["StoreTargets", "attach", "exec_", "make_server", "port_forward", "tls_context"]

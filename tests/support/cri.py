@@ -86,7 +86,9 @@ class CriDaemon:
     """One husk-cri: `start()`, `kill9()`, `stop()`, stubs, `cleanup()`."""
 
     def __init__(self, base: str, network: PodNetwork, registry_config_dir: str, sandbox_image: str,
-                 runtime: str = os.environ.get("HUSK_TEST_CRI_RUNTIME", "in-process")) -> None:
+                 runtime: str = os.environ.get("HUSK_TEST_CRI_RUNTIME", "in-process"),
+                 extra_config: str = "") -> None:
+        """`extra_config`: TOML appended to the config file (sections the base file does not have)."""
         self.tag = uuid.uuid4().hex[:8]
         self.base = base
         self.root = os.path.join(base, "root")
@@ -111,7 +113,7 @@ class CriDaemon:
                 # A RuntimeClass handler running runc, next to the default runtime.
                 "[runtime.handlers]", 'runc = "runc"',
                 "[cni]", f'conf_dir = "{network.conf_dir}"', f'bin_dirs = ["{CNI_BIN}"]',
-                "[registry]", f'config_dir = "{registry_config_dir}"', ""]))
+                "[registry]", f'config_dir = "{registry_config_dir}"', "", extra_config]))
         self.proc: subprocess.Popen[bytes] | None = None
         self._channel: Any = None
 

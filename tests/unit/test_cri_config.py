@@ -66,6 +66,10 @@ def test_socket_path_forms():
     ('[runtime]\ncgroup_driver = "systemd"\n', "runtime.cgroup_driver"),
     ('[runtime.handlers]\n"" = "runc"\n', "runtime.handlers"),
     ('[paths]\nroot = "var/lib"\n', "paths.root"),
+    ('[streaming]\ntls_cert_file = "/c.pem"\n', "streaming.tls_key_file"),
+    ('[streaming]\ntls_key_file = "/k.pem"\n', "streaming.tls_cert_file"),
+    ('[streaming]\ntls_ca_file = "/ca.pem"\n', "streaming.tls_ca_file"),
+    ('[streaming]\ntls_cert_file = "c.pem"\ntls_key_file = "/k.pem"\n', "streaming.tls_cert_file"),
 ])
 def test_invalid_file(tmp_path, text, key):
     f = tmp_path / "bad.toml"
@@ -87,6 +91,25 @@ def test_bad_flag_is_a_usage_error():
     out = CliRunner().invoke(main, ["--listen", "relative.sock", "config", "show"])
     assert out.exit_code == 2
     assert "server.listen" in out.output
+
+
+def test_streaming_tls_keys(tmp_path):
+    doc = tomllib.loads(CliRunner().invoke(main, ["config", "default"]).output)
+    assert {k: doc["streaming"][k] for k in ("tls_cert_file", "tls_key_file", "tls_ca_file")} == \
+        {"tls_cert_file": "", "tls_key_file": "", "tls_ca_file": ""}
+    assert not cfg.Config().streaming.tls
+    f = tmp_path / "c.toml"
+    f.write_text('[streaming]\ntls_cert_file = "/etc/husk/s.pem"\ntls_key_file = "/etc/husk/s.key"\n')
+    c = cfg.load(str(f))
+    assert c.streaming.tls and c.streaming.tls_key_file == "/etc/husk/s.key" and not c.streaming.tls_ca_file
+    out = CliRunner().invoke(main, ["--config", str(f), "--stream-tls-ca", "/etc/husk/ca.pem",
+                                    "--stream-tls-cert", "/x/c.pem", "config", "show"])
+    assert out.exit_code == 0, out.output
+    st = tomllib.loads(out.output)["streaming"]
+    assert (st["tls_cert_file"], st["tls_key_file"], st["tls_ca_file"]) == \
+        ("/x/c.pem", "/etc/husk/s.key", "/etc/husk/ca.pem")
+    out = CliRunner().invoke(main, ["--stream-tls-key", "/x/k.pem", "config", "show"])
+    assert out.exit_code == 2 and "streaming.tls_cert_file" in out.output
 
 
 def test_handlers_table(tmp_path):
