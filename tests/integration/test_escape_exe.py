@@ -1,10 +1,13 @@
 """CVE-2019-5736 class: a container must never get a writable handle on the host's interpreter.
 
 The runtime's stages that enter a container (the init, exec's processes) run the host Python until they exec the
-container's program. Three ways at it are tried here: opening /proc/<pid>/exe of the waiting init from a process
-exec'd into the container, a `#!/proc/self/exe` entrypoint (the container's program becomes the interpreter), and
-args[0] = /proc/self/exe in `husk exec`. Every one must meet a read-only mount that nobody can remount, and the host
-interpreter's bytes must be unchanged afterwards.
+container's program. The ways at it tried here: opening /proc/<pid>/exe of the waiting init from a process
+exec'd into the container, a `#!/proc/self/exe` entrypoint (the container's program becomes the interpreter),
+args[0] = /proc/self/exe in `husk exec`, and /proc/<pid>/exe and /proc/<pid>/fd/* of a stage caught while it is
+still the runtime: the waiting init, and an exec's process held inside the container before its execve (the
+image's /etc/passwd is a fifo, which the stage reads to find HOME: the container itself decides when it goes on,
+so the attack is not a race). Every write must meet a read-only mount that nobody can remount or, without
+CAP_SYS_PTRACE, a non-dumpable process; the host interpreter's bytes must be unchanged afterwards.
 """
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import json
 import os
 import subprocess
 import sysconfig
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -182,3 +186,203 @@ def test_exec_of_proc_self_exe_gets_a_read_only_interpreter(husk, make_bundle, h
     cp = husk("exec", cid, "/evil", check=False, stdin=subprocess.DEVNULL)
     assert cp.returncode == 0, cp.stdout + cp.stderr
     _check(_result(cp.stdout), admin=False)
+
+
+# Run by the host interpreter inside the container against a runtime stage (its pid in the container's pid
+# namespace): every way at its executable and its fds. A fifo is never opened for reading: the waiting init's
+# exec fifo would then let it start (a CAP_SYS_PTRACE container can start itself that way, as with runc).
+STAGE_PROBE = r'''
+import errno, os, stat
+
+
+def code(e):
+    return errno.errorcode.get(e.errno, str(e.errno))
+
+
+def kind(mode):
+    for name, test in (("dir", stat.S_ISDIR), ("reg", stat.S_ISREG), ("fifo", stat.S_ISFIFO),
+                       ("sock", stat.S_ISSOCK), ("chr", stat.S_ISCHR), ("blk", stat.S_ISBLK)):
+        if test(mode):
+            return name
+    return "other"
+
+
+def attack(pid):
+    base = f"/proc/{pid}"
+    res = {"pid": pid}
+    with open(f"{base}/cmdline", "rb") as f:
+        res["cmdline"] = f.read().replace(b"\0", b" ").decode(errors="replace")
+    exe = {}
+    try:
+        os.readlink(f"{base}/exe")
+        exe["readlink"] = "OK"
+    except OSError as e:
+        exe["readlink"] = code(e)
+    for name, flags in (("trunc", os.O_WRONLY | os.O_TRUNC), ("append", os.O_WRONLY | os.O_APPEND),
+                        ("rdwr", os.O_RDWR), ("path", os.O_PATH)):
+        try:
+            os.close(os.open(f"{base}/exe", flags))
+            exe[name] = "OPENED"
+        except OSError as e:
+            exe[name] = code(e)
+    res["exe"] = exe
+    fds = {}
+    for n in sorted(os.listdir(f"{base}/fd"), key=int):
+        path = f"{base}/fd/{n}"
+        r = {}
+        try:
+            os.readlink(path)
+            r["readlink"] = "OK"
+        except OSError as e:
+            r["readlink"] = code(e)
+        try:
+            r["type"] = kind(os.stat(path).st_mode)
+        except OSError as e:
+            r["type"] = code(e)
+        try:
+            os.listdir(path + "/..")  # a directory fd of the host would be a way into its tree
+            r["walk"] = "OK"
+        except OSError as e:
+            r["walk"] = code(e)
+        for name, flags in (("write", os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY),
+                            ("read", os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)):
+            if name == "read" and r["type"] == "fifo":
+                continue
+            try:
+                os.close(os.open(path, flags))
+                r[name] = "OPENED"
+            except OSError as e:
+                r[name] = code(e)
+        fds[int(n)] = r
+    res["fds"] = fds
+    return res
+'''
+
+# The container's init for the exec-stage attack: waits (blocked in open) until a stage opens the /etc/passwd fifo,
+# attacks the only other process of the pid namespace, writes the result, then lets the stage read its passwd.
+WATCHER = STAGE_PROBE + r'''
+import json, time
+w = os.open("/etc/passwd", os.O_WRONLY)  # returns once the stage has opened the fifo; it then waits in read()
+others = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()]
+res = {"others": others}
+if len(others) == 1:
+    res.update(attack(others[0]))
+with open("/result.json.tmp", "w") as f:
+    json.dump(res, f)
+os.rename("/result.json.tmp", "/result.json")
+os.write(w, b"root:x:0:0:root:/root:/bin/sh\n")
+os.close(w)
+time.sleep(1 << 20)  # the container lives until the test deletes it: the exec'd process must not be killed
+'''
+
+DIRECT_PROBE = STAGE_PROBE + r'''
+import json, sys
+print("RESULT", json.dumps(attack(int(sys.argv[1]))))
+'''
+
+PTRACE_CAPS = ("CAP_SYS_PTRACE", "CAP_DAC_OVERRIDE", "CAP_SYS_ADMIN")
+# the caller leaves these open and inheritable: a stage must hold none of them when the container can look
+LEAKED_DIRS = ("/", "/etc", "/run", "/sys/fs/cgroup")
+
+
+@pytest.fixture
+def leaked_fds():
+    fds = [os.open(d, os.O_RDONLY | os.O_DIRECTORY) for d in LEAKED_DIRS]
+    yield fds
+    for fd in fds:
+        os.close(fd)
+
+
+def _check_stage(res: dict, *, ptrace: bool) -> None:
+    # it really was the runtime's stage that was attacked: the protected interpreter's boot line (exeguard)
+    assert "exeguard" in res["cmdline"], res
+    fds, exe = res["fds"], res["exe"]
+    assert set(fds) >= {0, 1, 2}, res
+    if not ptrace:
+        # non-dumpable: nothing of it can be named or opened, not even by the container's root
+        assert set(exe.values()) == {"EACCES"}, res
+        assert {v for r in fds.values() for v in r.values()} == {"EACCES"}, res
+        return
+    # CAP_SYS_PTRACE reaches it: the interpreter is read-only for good, and no fd beyond the stdio the
+    # container's process gets anyway leads to a file or directory of the host
+    assert exe["readlink"] == "OK" and exe["path"] == "OPENED", res
+    assert exe["trunc"] == "EROFS", res
+    assert exe["append"] in ("EROFS", "ETXTBSY") and exe["rdwr"] in ("EROFS", "ETXTBSY"), res
+    for n, r in fds.items():
+        if n > 2:
+            assert r["type"] in ("fifo", "sock"), (n, res)
+            assert r["walk"] == "ENOTDIR", (n, res)
+
+
+def _stage_bundle(make_bundle, args: list[str], caps: tuple[str, ...], passwd_fifo: bool = False) -> Path:
+    def edit(c):
+        c["mounts"] += interpreter_mounts()
+        c["root"]["readonly"] = False
+        c["process"]["capabilities"] = _caps(*caps)
+        c["process"]["env"] = ["PATH=/bin:/sbin:/usr/bin", "HOME=/root"]
+    b = make_bundle(args, edit=edit)
+    if passwd_fifo:
+        (b / "rootfs" / "etc" / "passwd").unlink()
+        os.mkfifo(b / "rootfs" / "etc" / "passwd")
+    return b
+
+
+def _husk_with_fds(husk, args: list[str], fds: list[int], out) -> subprocess.Popen:
+    """husk started by a careless caller: `fds` inherited. Output goes to a file: a pipe would be held open by
+    a created container."""
+    return subprocess.Popen([*husk.argv, "--root", husk.root, *args], stdin=subprocess.DEVNULL, stdout=out,
+                            stderr=subprocess.STDOUT, pass_fds=fds)
+
+
+def _finish(p: subprocess.Popen, out) -> tuple[int, str]:
+    try:
+        rc = p.wait(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()  # our own husk, by its pid
+            p.wait()
+    out.seek(0)
+    return rc, out.read().decode(errors="replace")
+
+
+@pytest.mark.parametrize("caps", [(), PTRACE_CAPS], ids=["default-caps", "ptrace-caps"])
+def test_waiting_inits_fds_and_exe_are_out_of_reach(husk, make_bundle, tmp_path: Path, host_files, leaked_fds,
+                                                   caps) -> None:
+    b = _stage_bundle(make_bundle, ["true"], ())
+    cid = "rtit-wfd-" + os.urandom(4).hex()
+    husk.created.append(cid)
+    with tempfile.TemporaryFile() as out:
+        rc, text = _finish(_husk_with_fds(husk, ["create", "--bundle", str(b), cid], leaked_fds, out), out)
+    assert rc == 0, text
+    proc = {"args": [INTERPRETER, "-I", "-S", "-c", DIRECT_PROBE, "1"], "cwd": "/", "user": {"uid": 0, "gid": 0},
+            "capabilities": _caps(*caps), "env": ["PATH=/bin:/sbin:/usr/bin", "HOME=/root"]}
+    pf = tmp_path / "probe.json"
+    pf.write_text(json.dumps(proc))
+    cp = husk("exec", "--process", str(pf), cid, check=False, stdin=subprocess.DEVNULL)
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    res = json.loads(next(line for line in cp.stdout.splitlines() if line.startswith("RESULT "))[len("RESULT "):])
+    res["fds"] = {int(k): v for k, v in res["fds"].items()}
+    _check_stage(res, ptrace=bool(caps))
+    assert husk.state(cid)["status"] == "created"  # the probe did not start it either
+
+
+@pytest.mark.parametrize("caps", [(), PTRACE_CAPS], ids=["default-caps", "ptrace-caps"])
+def test_exec_stage_joining_the_container_is_out_of_reach(husk, make_bundle, tmp_path: Path, host_files,
+                                                          leaked_fds, caps) -> None:
+    b = _stage_bundle(make_bundle, [INTERPRETER, "-I", "-S", "-c", WATCHER], caps, passwd_fifo=True)
+    cid = "rtit-xfd-" + os.urandom(4).hex()
+    husk.run(b, cid, "-d")
+    # no HOME: the stage reads the container's /etc/passwd for it, after it has joined the namespaces and closed
+    # what it inherited, and before its execve
+    proc = {"args": ["true"], "cwd": "/", "user": {"uid": 0, "gid": 0}, "env": ["PATH=/bin:/sbin:/usr/bin"]}
+    pf = tmp_path / "exec.json"
+    pf.write_text(json.dumps(proc))
+    with tempfile.TemporaryFile() as out:
+        rc, text = _finish(_husk_with_fds(husk, ["exec", "--process", str(pf), cid], leaked_fds, out), out)
+    assert rc == 0, text  # the attack did not break the exec either
+    result = b / "rootfs" / "result.json"
+    assert result.exists(), f"the exec stage never opened the container's /etc/passwd (HOME lookup): {text}"
+    res = json.loads(result.read_text())
+    assert len(res["others"]) == 1, res
+    res["fds"] = {int(k): v for k, v in res["fds"].items()}
+    _check_stage(res, ptrace=bool(caps))
