@@ -163,6 +163,9 @@ def catalog(busybox: str = "/bin/busybox", catatonit: str = "/usr/bin/catatonit"
     bb_refs = ["e2e-test-images/busybox:1.29-2", "library/busybox:latest", "library/busybox:1.37.0"]
     bb_refs += [f"docker/library/busybox:{t}" for t in ("1", "1-glibc", "1-musl", "1-uclibc", "1.35.0-glibc")]
     imgs.append(ImageSpec("busybox", bb_refs, [base], dict(sh)))
+    # busybox whose config names a StopSignal (StopContainer must send it when the request names none).
+    imgs.append(ImageSpec("busybox-stopsignal", ["husk-test/stopsignal:v1"], [base],
+                          {"Cmd": ["sh"], "StopSignal": "SIGUSR1"}))
 
     pause_layer = Layer([Entry("pause", "file", 0o755, src=catatonit)])
     pause_cfg = {"Entrypoint": ["/pause", "-P"], "User": "65535:65535"}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+from cri_server import signals as signames
 from cri_server.api.v1 import api_pb2 as pb
 from cri_server.context import Services
 from cri_server.store.records import ContainerFilter, ContainerRecord, ContainerState
@@ -13,6 +14,42 @@ from cri_server.store.records import ContainerFilter, ContainerRecord, Container
 _STATE_TO_PB = {ContainerState.CREATED: pb.CONTAINER_CREATED, ContainerState.RUNNING: pb.CONTAINER_RUNNING,
                 ContainerState.EXITED: pb.CONTAINER_EXITED, ContainerState.UNKNOWN: pb.CONTAINER_UNKNOWN}
 _PB_TO_STATE = {v: k for k, v in _STATE_TO_PB.items()}
+
+
+def _signal_numbers() -> dict[int, int]:
+    out: dict[int, int] = {}
+    for name, value in pb.Signal.items():
+        if value != pb.RUNTIME_DEFAULT:
+            out.setdefault(signames.parse(name), value)   # enum order: SIGABRT before its alias SIGIOT
+    return out
+
+
+_SIGNAL_BY_NUMBER = _signal_numbers()
+
+
+def cri_signal(name: str) -> int:
+    """The CRI Signal of a signal name as an image config or the config file spells it; RUNTIME_DEFAULT when it is
+    no signal. Names map as containerd's toCRISignal maps them ("SIGRTMIN+3" is SIGRTMINPLUS3); the forms only
+    husk-cri's stop path accepts ("USR1", "10") map to the signal that is sent."""
+    key = name.strip().upper().replace("+", "PLUS", 1).replace("-", "MINUS", 1)
+    if key in pb.Signal.keys():
+        return pb.Signal.Value(key)
+    try:
+        return _SIGNAL_BY_NUMBER.get(signames.parse(name), pb.RUNTIME_DEFAULT)
+    except ValueError:
+        return pb.RUNTIME_DEFAULT
+
+
+def reported_stop_signal(config: pb.ContainerConfig, image_signal: str, default: str) -> int:
+    """What ContainerStatus.stop_signal says, as containerd 2.x fills it: the request's, else the image's
+    StopSignal, else the default (SIGTERM unless runtime.default_stop_signal says otherwise). The same order
+    StopContainer uses, so the status names the signal a stop sends."""
+    if config.stop_signal != pb.RUNTIME_DEFAULT:
+        return config.stop_signal
+    for name in (image_signal, default):
+        if name and (sig := cri_signal(name)) != pb.RUNTIME_DEFAULT:
+            return sig
+    return pb.SIGTERM
 
 
 def to_container(r: ContainerRecord) -> pb.Container:
@@ -23,7 +60,7 @@ def to_container(r: ContainerRecord) -> pb.Container:
                         labels=r.labels, annotations=r.annotations)
 
 
-def to_status(r: ContainerRecord) -> pb.ContainerStatus:
+def to_status(r: ContainerRecord, default_stop_signal: str = "SIGTERM") -> pb.ContainerStatus:
     config = pb.ContainerConfig.FromString(r.config) if r.config else pb.ContainerConfig()
     return pb.ContainerStatus(
         id=r.id, metadata=pb.ContainerMetadata(name=r.container_name, attempt=r.attempt),
@@ -35,7 +72,7 @@ def to_status(r: ContainerRecord) -> pb.ContainerStatus:
         labels=r.labels, annotations=r.annotations, mounts=config.mounts, log_path=r.log_path,
         resources=pb.ContainerResources(linux=config.linux.resources) if config.linux.HasField("resources")
         else None,
-        stop_signal=config.stop_signal)
+        stop_signal=reported_stop_signal(config, r.extra.get("image_stop_signal", ""), default_stop_signal))
 
 
 def filter_from_pb(f: pb.ContainerFilter) -> ContainerFilter:
@@ -47,7 +84,7 @@ async def container_status(svc: Services, req: pb.ContainerStatusRequest) -> pb.
     """ContainerStatus returns state, times, exit code and reason, image, mounts and log path; NotFound for an
     unknown id. `verbose` adds pid and shim address as JSON under "info"."""
     r = svc.store.get_container(req.container_id)
-    resp = pb.ContainerStatusResponse(status=to_status(r))
+    resp = pb.ContainerStatusResponse(status=to_status(r, svc.config.runtime.default_stop_signal))
     if req.verbose:
         resp.info["info"] = json.dumps({"pid": r.pid, "sandboxID": r.sandbox_id, "shimAddress": r.shim_address,
                                         **dict(r.extra)})

@@ -22,8 +22,9 @@ def _event(svc: Services, object_id: str, sandbox_id: str, kind: str) -> pb.Cont
     sb = svc.store._sandboxes.get(sandbox_id)
     if sb is not None:
         ev.pod_sandbox_status.CopyFrom(sandbox_status.to_status(sb))
-        ev.containers_statuses.extend(container_status.to_status(c) for c in svc.store.containers_of(sandbox_id)
-                                      if not c.extra.get("creating"))
+        default = svc.config.runtime.default_stop_signal
+        ev.containers_statuses.extend(container_status.to_status(c, default)
+                                      for c in svc.store.containers_of(sandbox_id) if not c.extra.get("creating"))
     return ev
 
 

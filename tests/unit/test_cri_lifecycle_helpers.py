@@ -12,7 +12,7 @@ from cri_server.api.v1 import api_pb2 as pb
 from cri_server.errors import InvalidArgument
 from cri_server.events import EventBus
 from cri_server.oom import OomScorePolicy
-from cri_server.rpc import container_create, sandbox_run, stats
+from cri_server.rpc import container_create, container_status, sandbox_run, stats
 from cri_server.spec.context import nofile_limit
 from cri_server.tasks import ExitInfo
 from cri_server.undo import Undo
@@ -36,6 +36,24 @@ def test_cri_signal_enum_names_all_parse():
     for name, value in pb.Signal.items():
         if value:
             assert signals.parse(name) > 0, name
+
+
+@pytest.mark.parametrize("name,want", [("SIGUSR1", pb.SIGUSR1), ("SIGRTMIN+3", pb.SIGRTMINPLUS3),
+                                       ("SIGRTMAX-1", pb.SIGRTMAXMINUS1), ("SIGIOT", pb.SIGIOT),
+                                       ("USR2", pb.SIGUSR2), ("10", pb.SIGUSR1), ("SIGNOPE", pb.RUNTIME_DEFAULT)])
+def test_cri_signal_of_image_stop_signals(name, want):
+    assert container_status.cri_signal(name) == want
+
+
+def test_reported_stop_signal_order():
+    """The request's, else the image's, else the default; as containerd 2.x fills ContainerStatus.stop_signal."""
+    asked = pb.ContainerConfig(stop_signal=pb.SIGQUIT)
+    plain = pb.ContainerConfig()
+    assert container_status.reported_stop_signal(asked, "SIGUSR1", "SIGTERM") == pb.SIGQUIT
+    assert container_status.reported_stop_signal(plain, "SIGUSR1", "SIGTERM") == pb.SIGUSR1
+    assert container_status.reported_stop_signal(plain, "", "SIGTERM") == pb.SIGTERM
+    assert container_status.reported_stop_signal(plain, "SIGNOPE", "SIGINT") == pb.SIGINT
+    assert container_status.reported_stop_signal(plain, "", "") == pb.SIGTERM
 
 
 def test_undo_runs_newest_first_and_survives_failures(caplog):

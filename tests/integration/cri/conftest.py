@@ -17,7 +17,9 @@ SANDBOX_IMAGE = "registry.k8s.io/pause:3.9-husk"
 BUSYBOX = "docker.io/library/busybox:latest"
 # (catalog image, registry path)
 PUSHED = [("busybox", "library/busybox:latest"), ("busybox", "e2e-test-images/busybox:1.29-2"),
-          ("pause-sandbox", "pause:3.9-husk"), ("test-image-user-uid", "k8s-staging-cri-tools/test-image-user-uid:latest")]
+          ("pause-sandbox", "pause:3.9-husk"),
+          ("test-image-user-uid", "k8s-staging-cri-tools/test-image-user-uid:latest"),
+          ("busybox-stopsignal", "husk-test/stopsignal:v1")]
 
 
 @pytest.fixture(scope="module", autouse=True)
