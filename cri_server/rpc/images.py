@@ -65,17 +65,28 @@ async def image_status(svc: Services, req: pb.ImageStatusRequest) -> pb.ImageSta
     return resp
 
 
+def _auth(req: pb.PullImageRequest) -> AuthConfig | None:
+    """The request's credentials, None when it carries none; malformed `auth` is INVALID_ARGUMENT (a request
+    field, not a refusal by the registry)."""
+    if not req.HasField("auth"):
+        return None
+    a = req.auth
+    auth = AuthConfig(username=a.username, password=a.password, auth=a.auth, server_address=a.server_address,
+                      identity_token=a.identity_token, registry_token=a.registry_token)
+    try:
+        return None if auth.is_empty() else auth
+    except ImageError as e:
+        raise InvalidArgument(str(e)) from None
+
+
 async def pull_image(svc: Services, req: pb.PullImageRequest) -> pb.PullImageResponse:
     """PullImage pulls the image (with the request's credentials) and returns its id as image_ref. A
     deadline from the client cancels the pull and leaves nothing half-done."""
     if not req.image.image:
         raise InvalidArgument("image.image: must not be empty")
-    a = req.auth
-    auth = AuthConfig(username=a.username, password=a.password, auth=a.auth, server_address=a.server_address,
-                      identity_token=a.identity_token, registry_token=a.registry_token) \
-        if req.HasField("auth") else None
+    auth = _auth(req)
     try:
-        rec = await svc.need_images().pull(req.image.image, auth if auth and not auth.is_empty() else None)
+        rec = await svc.need_images().pull(req.image.image, auth)
     except ImageError as e:
         raise _ImageFailure(e) from None
     if req.HasField("sandbox_config"):

@@ -34,14 +34,20 @@ def no_threads_left_behind() -> Iterator[None]:
 
 
 @pytest.fixture(scope="session")
-def cri_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRegistry]:
+def cri_layouts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Catalog name -> OCI layout directory of every image in PUSHED."""
     out = str(tmp_path_factory.mktemp("hct-layouts"))
-    index = testimages.build(out, only=[name for name, _ in PUSHED], big=False, log=lambda *_: None)
+    index = testimages.build(out, only=sorted({name for name, _ in PUSHED}), big=False, log=lambda *_: None)
+    return {name: os.path.join(out, v["layout"]) for name, v in index.items()}
+
+
+@pytest.fixture(scope="session")
+def cri_registry(tmp_path_factory: pytest.TempPathFactory, cri_layouts: dict[str, str]) -> Iterator[LocalRegistry]:
     reg = LocalRegistry(str(tmp_path_factory.mktemp("hct-registry")))
     reg.start()
     try:
         for name, path in PUSHED:
-            reg.push(os.path.join(out, index[name]["layout"]), path)
+            reg.push(cri_layouts[name], path)
         yield reg
     finally:
         reg.stop()
