@@ -1,0 +1,69 @@
+"""husk-cri's shims really come from its spawner (the zygote forked before gRPC), not from the fallback that
+starts `python -m shim.main start` processes when the spawner is missing or gone: a forked shim keeps husk-cri's
+command line (fork, no exec), a fresh one has the shim's; the zygote is husk-cri's child; the log has no
+fallback warning."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from cri_server.api.v1 import api_pb2 as pb
+from tests.integration.cri.conftest import BUSYBOX
+from tests.integration.cri.helpers import container_config, nothing_left, pod_config, run_pod, start_container
+
+pytestmark = [pytest.mark.root, pytest.mark.e2e]
+
+FALLBACK_MESSAGES = ("no shim spawner", "the shim spawner is gone")
+
+
+def _cmdline(pid: int) -> list[str]:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+
+
+def _stat(pid: int) -> tuple[str, int]:
+    """(comm, ppid)"""
+    with open(f"/proc/{pid}/stat") as f:
+        head, _, rest = f.read().rpartition(")")
+    return head.split("(", 1)[1], int(rest.split()[1])
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for p in (int(x) for x in os.listdir("/proc") if x.isdigit()):
+        try:
+            if _stat(p)[1] == pid:
+                out.append(p)
+        except (OSError, IndexError, ValueError):
+            continue
+    return out
+
+
+def test_shims_are_forked_from_the_spawner(cri):
+    assert cri.proc is not None
+    zygotes = [p for p in _children(cri.proc.pid) if _stat(p)[0] == "husk-zygote"]
+    assert len(zygotes) == 1, "husk-cri has no spawner child"
+    rt = cri.runtime_stub()
+    cri.image_stub().PullImage(pb.PullImageRequest(image=pb.ImageSpec(image=BUSYBOX)), timeout=120)
+    pod = pod_config(cri, "spawned")
+    pod_id = run_pod(rt, pod)
+    start_container(rt, pod_id, pod, container_config("c", ["sleep", "3600"]))
+
+    daemon_cmdline = _cmdline(cri.proc.pid)
+    shims = cri.shim_pids()
+    assert len(shims) == 2                                  # the pause container's and the container's
+    for pid in shims:
+        comm, ppid = _stat(pid)
+        assert comm == "husk-shim"
+        cmdline = _cmdline(pid)
+        assert "shim.main" not in cmdline, f"shim {pid} was started fresh: {cmdline}"
+        assert cmdline == daemon_cmdline, f"shim {pid} is no fork of husk-cri's zygote: {cmdline}"
+        assert ppid not in (cri.proc.pid, zygotes[0])         # double-forked: it outlives both
+    log = cri.log()
+    assert "shim spawner started" in log
+    assert not [m for m in FALLBACK_MESSAGES if m in log]
+
+    rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=pod_id))
+    rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=pod_id))
+    nothing_left(cri)
