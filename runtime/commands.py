@@ -92,7 +92,7 @@ def kill(ctx: click.Context, all_: bool, container_id: str, signal: str) -> None
 @click.argument("container_id")
 @click.pass_context
 def delete(ctx: click.Context, force: bool, container_id: str) -> None:
-    """Delete a stopped container (and its cgroup and state)."""
+    """Delete a stopped or created container (and its cgroup and state); a created one is killed first."""
     g = _g(ctx)
     _finish(ctx, c.guard(g, lambda: c.cmd_delete(g, container_id, force)))
 

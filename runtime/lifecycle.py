@@ -174,7 +174,10 @@ def delete(root: str, container_id: str, force: bool = False) -> None:
         rec = st.load(root, container_id)
         status = st.status(root, rec)
         if status != "stopped":
-            if not force:
+            # A created container is killed and deleted without --force, as runc does (the runtime spec
+            # says delete of a not-stopped container is an error): containerd's runc shim deletes a task
+            # that was created but never started with a plain `delete ID` (createdState.Delete).
+            if not force and status != "created":
                 raise InvalidState(f"cannot delete container {container_id!r}: it is {status} "
                                    f"(stop it first, or use --force)")
             _kill_container(rec, SIGKILL)

@@ -1,6 +1,7 @@
 """The lifecycle verbs from the command line: state transitions as the OCI runtime spec gives them."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -8,6 +9,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from tests.integration import leftover
 
 pytestmark = pytest.mark.root
 
@@ -53,13 +56,38 @@ def test_create_start_kill_delete(husk, make_bundle, tmp_path: Path) -> None:
     assert cp.returncode == 1 and "does not exist" in cp.stderr
 
 
-def test_delete_created_needs_force(husk, make_bundle) -> None:
-    cid, _ = husk.create(make_bundle(["true"]))
-    cp = husk("delete", cid, check=False)
-    assert cp.returncode == 1 and "created" in cp.stderr
-    pid = husk.state(cid)["pid"]
-    husk("delete", "--force", cid)
-    assert not os.path.exists(f"/proc/{pid}/stat") or open(f"/proc/{pid}/stat").read().split()[2] in "ZX"
+@pytest.mark.parametrize("runtime", ["husk", "runc"])
+def test_delete_of_created_container_kills_it_as_runc_does(runtime, request, make_bundle) -> None:
+    # runc (and so husk) deletes a created container without --force: it kills the waiting init first.
+    # containerd's runc shim relies on it: deleting a task that was created but never started runs
+    # `runc delete ID` (createdState.Delete). runc is the control here.
+    rt = request.getfixturevalue(runtime)
+    b = make_bundle(["sleep", "1000"])
+    cg = json.loads((b / "config.json").read_text())["linux"]["cgroupsPath"]
+    cid, _ = rt.create(b)
+    pid = rt.state(cid)["pid"]
+    pids = {pid: leftover.start_time(pid)}
+    assert leftover.cgroup_dirs(cg) and leftover.processes_of(cg) == [pid]
+    cp = rt("delete", cid, check=False)
+    assert cp.returncode == 0, cp.stderr
+    assert leftover.leftovers(rt.root, cid, cg, b, pids) == []
+    assert rt("state", cid, check=False).returncode == 1
+
+
+@pytest.mark.parametrize("runtime", ["husk", "runc"])
+def test_delete_of_running_container_needs_force(runtime, request, make_bundle) -> None:
+    rt = request.getfixturevalue(runtime)
+    b = make_bundle(["sleep", "1000"])
+    cg = json.loads((b / "config.json").read_text())["linux"]["cgroupsPath"]
+    cid, _ = rt.create(b)
+    rt("start", cid)
+    pid = rt.state(cid)["pid"]
+    cp = rt("delete", cid, check=False)
+    assert cp.returncode == 1 and "running" in cp.stderr
+    assert rt.state(cid)["status"] == "running" and leftover.alive(pid, leftover.start_time(pid))
+    pids = {pid: leftover.start_time(pid)}
+    rt("delete", "--force", cid)
+    assert leftover.leftovers(rt.root, cid, cg, b, pids) == []
 
 
 def test_kill_created_container_stops_it(husk, make_bundle) -> None:
