@@ -16,6 +16,7 @@ from tests.e2e import dropin_host as host
 from tests.e2e.dropin_containerd import CONTAINERD, CTR, SHIM, PrivateContainerd
 from tests.e2e.dropin_image import BuiltImage, build_image
 from tests.e2e.dropin_runtimes import RUNTIME_NAMES, resolve
+from tests.e2e.dropin_taskapi import TaskError, delete_task
 
 log = logging.getLogger(__name__)
 
@@ -222,6 +223,31 @@ def test_force_delete_running_leaves_nothing(ctd: PrivateContainerd, busybox_ima
     assert host.wait_until(lambda: len(_children(pid)) == 2), _children(pid)
     pids = [host.ProcId.of(pid)] + [host.ProcId.of(p) for p in _children(pid)]
     ctd.ctr("task", "rm", "-f", cid)
+    ctd.ctr("containers", "rm", cid)
+    assert host.wait_until(lambda: ctd.leftovers(cid, pids) == []), ctd.leftovers(cid, pids)
+
+
+def test_delete_of_created_task_leaves_nothing(ctd: PrivateContainerd, busybox_image: BuiltImage, cid: str,
+                                               tmp_path: Path) -> None:
+    # A task created and never started, deleted through containerd's task API: containerd's runc shim runs
+    # `<runtime> delete ID` without --force for it (createdState.Delete), so the runtime has to kill the
+    # waiting init and delete the container, as runc does. ctr leaves such a task behind when `run -d`
+    # cannot write its --pid-file: it has created the task and fails before Start.
+    res = ctd.run(busybox_image.name, cid, "sleep", "1000", detach=True,
+                  extra=("--pid-file", str(tmp_path / "missing" / "pid")), check=False)
+    assert res.returncode != 0 and "no such file or directory" in res.stderr, res.stderr
+    assert ctd.task_status(cid) == "CREATED"
+    pid = ctd.task_pid(cid)
+    pids = [host.ProcId.of(pid)]
+    assert ctd.runtime_root_ns.joinpath(cid).is_dir()
+    # containerd's Go client (ctr task rm, ctr containers rm) refuses a created task that has a pid itself;
+    # the task API does not, and passes the delete to the shim.
+    refused = ctd.ctr("task", "rm", cid, check=False)
+    assert refused.returncode != 0 and "task must be stopped before deletion" in refused.stderr, refused.stderr
+    deleted = delete_task(ctd.address, ctd.namespace, cid)
+    assert not isinstance(deleted, TaskError), deleted
+    assert deleted.pid == pid
+    assert ctd.task_status(cid) is None
     ctd.ctr("containers", "rm", cid)
     assert host.wait_until(lambda: ctd.leftovers(cid, pids) == []), ctd.leftovers(cid, pids)
 
