@@ -1,9 +1,12 @@
 """scripts/vm helpers without a VM: the cpio writer (round trip, device nodes, padding), module dependency
-order, .modinfo parsing from an ELF file, and vm-test's argument handling."""
+order, .modinfo parsing from an ELF file, vm-test's argument handling, and vm-test's verdict on a guest that hangs,
+ends without a status or reports one (a fake emulator through --qemu: a hang is 124, no status 125, never a pass)."""
 from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
+import os
+import signal
 import stat
 import struct
 import sys
@@ -119,3 +122,109 @@ def test_paths_under_the_guests_tmpfs_are_bound_back(monkeypatch) -> None:
     got = vm_test.hidden_paths([Path("/tmp/ci/repo"), Path("/tmp/ci/repo/.venv"), Path("/srv/repo"),
                                 Path("/run/x"), Path("/tmpfoo/y"), Path("/var/lib/husk/z")])
     assert got == ["/run/x", "/tmp/ci/repo", "/var/lib/husk/z"]
+
+
+# --- vm-test's verdict, with a fake guest in place of qemu ------------------------------------------------
+# The fake takes qemu's command line, finds the job share (-virtfs local,path=JOB,mount_tag=husk-job) and plays one
+# outcome. Its pid goes to a file, so that a test can check the runner killed it (and kill it itself if not).
+
+FAKE_QEMU = """#!/bin/sh
+for a in "$@"; do
+    case "$a" in
+        local,path=*,mount_tag=husk-job*) job=${{a#local,path=}}; job=${{job%%,*}} ;;
+    esac
+done
+echo $$ > {pid_file}
+[ -f "$job/run" ] || {{ echo "fake qemu: no job script in $job" >&2; exit 3; }}
+{body}
+"""
+HANG = 987654   # an unusual argument for sleep: the fake's process is recognisable by its command line
+
+
+@pytest.fixture
+def vm_test(monkeypatch, tmp_path: Path):
+    """scripts/vm-test with the kernel and the initramfs stubbed (no apt, no build)."""
+    monkeypatch.syspath_prepend(str(TOP / "scripts" / "vm"))
+    module = load("vm_test", TOP / "scripts" / "vm-test")
+    fake_kernel = module.kernel.Kernel(package="linux-image-fake", version="0", release="0-fake",
+                                       vmlinuz=tmp_path / "vmlinuz", modules=[])
+    monkeypatch.setattr(module.kernel, "fetch", lambda cache, wanted, package=None: fake_kernel)
+    monkeypatch.setattr(module, "build_initramfs", lambda cache, k: tmp_path / "initrd.cpio")
+    return module
+
+
+@pytest.fixture
+def fake_guest(tmp_path: Path):
+    """fake_guest(shell body) -> the fake qemu's path; ends the fake's process afterwards if it still lives."""
+    pid_file = tmp_path / "fake-qemu.pid"
+
+    def make(body: str) -> str:
+        path = tmp_path / "fake-qemu"
+        path.write_text(FAKE_QEMU.format(pid_file=pid_file, body=body))
+        path.chmod(0o755)
+        return str(path)
+
+    yield make
+    pid = _fake_pid(pid_file)
+    if pid is not None and _is_fake(pid):
+        os.kill(pid, signal.SIGKILL)  # the fake this test started, by its pid
+
+
+def _fake_pid(pid_file: Path) -> int | None:
+    try:
+        return int(pid_file.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _is_fake(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return str(HANG).encode() in f.read()
+    except OSError:
+        return False
+
+
+def _run(vm_test, qemu: str, tmp_path: Path, *extra: str) -> int:
+    return vm_test.main(["--qemu", qemu, "--python", sys.executable, "--cache", str(tmp_path / "cache"),
+                         "--quiet", *extra, "-k", "nothing"])
+
+
+@pytest.mark.parametrize("body", [
+    f'echo "husk-vm: booted"; exec sleep {HANG}',                    # the job hangs
+    f"exec >/dev/null 2>&1; exec sleep {HANG}",                      # the console closes, qemu lives on
+], ids=["hung-job", "console-closed"])
+def test_a_guest_past_the_time_limit_is_killed_and_fails(vm_test, fake_guest, tmp_path: Path, capsys,
+                                                          body: str) -> None:
+    assert _run(vm_test, fake_guest(body), tmp_path, "--timeout", "1") == vm_test.EXIT_TIMEOUT == 124
+    pid = _fake_pid(tmp_path / "fake-qemu.pid")
+    assert pid is not None and not _is_fake(pid), "the hung guest was left running"
+    assert "FAILED: the guest did not finish within 1 s and was killed" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("body", [
+    'echo "husk-vm: booted"; exit 0',                                # powered off without a status
+    "echo 'Kernel panic - not syncing'; exit 1",                     # panic=1 with -no-reboot ends qemu
+    'echo "0" > "$job/exit-code.tmp"; exit 0',                       # the rename never happened
+], ids=["no-status", "panic", "status-not-renamed"])
+def test_a_guest_without_an_exit_code_file_fails_with_125(vm_test, fake_guest, tmp_path: Path, capsys,
+                                                           body: str) -> None:
+    assert _run(vm_test, fake_guest(body), tmp_path) == vm_test.EXIT_NO_STATUS == 125
+    assert "without reporting the job's exit status" in capsys.readouterr().err
+
+
+def test_an_unreadable_exit_code_fails_with_125(vm_test, fake_guest, tmp_path: Path, capsys) -> None:
+    assert _run(vm_test, fake_guest('echo "passed?" > "$job/exit-code"'), tmp_path) == 125
+    assert "unreadable exit status" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("code", [0, 1, 5])
+def test_the_jobs_exit_status_is_the_result(vm_test, fake_guest, tmp_path: Path, code: int) -> None:
+    # the job script the guest would run names the selection
+    body = f'grep -q -- "-k nothing" "$job/run" || exit 9; echo {code} > "$job/exit-code"; exit 0'
+    assert _run(vm_test, fake_guest(body), tmp_path) == code
+
+
+def test_a_missing_emulator_is_an_error_not_a_pass(vm_test, tmp_path: Path, capsys) -> None:
+    assert _run(vm_test, str(tmp_path / "no-such-qemu"), tmp_path) == 2
+    assert "--qemu" in capsys.readouterr().err
