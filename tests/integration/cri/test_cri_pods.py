@@ -102,6 +102,29 @@ def test_pod_lifecycle(cri):
     pstats = rt.PodSandboxStats(pb.PodSandboxStatsRequest(pod_sandbox_id=pod_id)).stats
     assert pstats.linux.network.default_interface.name == "eth0"
     assert [c.attributes.id for c in pstats.linux.containers] == [cid]
+    # ListPodSandboxStats: every ready pod, or those the filter names; each like PodSandboxStats.
+    (listed_pod,) = rt.ListPodSandboxStats(pb.ListPodSandboxStatsRequest()).stats
+    a = listed_pod.attributes
+    assert (a.id, a.metadata.name, a.metadata.namespace, a.metadata.uid) == (pod_id, "life", "hct", "uid-life")
+    assert a.labels["test"] == "hct" and a.annotations == {"a": "b"}
+    lx = listed_pod.linux
+    assert lx.cpu.timestamp > 0 and lx.cpu.usage_core_nano_seconds.value > 0
+    assert lx.process.process_count.value >= 2                  # pause + the container's shell (and its sleep)
+    assert lx.network.timestamp > 0 and lx.network.default_interface.name == "eth0"
+    assert lx.network.default_interface.HasField("rx_bytes") and lx.network.default_interface.HasField("tx_bytes")
+    (c_stats,) = lx.containers
+    assert c_stats.attributes.id == cid and c_stats.attributes.metadata.name == "main"
+    assert c_stats.memory.working_set_bytes.value > 0 and c_stats.cpu.usage_core_nano_seconds.value > 0
+    # The pod's usage is its pause container's plus its containers' (from the same readings).
+    assert lx.memory.working_set_bytes.value >= c_stats.memory.working_set_bytes.value
+    assert lx.cpu.usage_core_nano_seconds.value >= c_stats.cpu.usage_core_nano_seconds.value
+    by_label = rt.ListPodSandboxStats(pb.ListPodSandboxStatsRequest(
+        filter=pb.PodSandboxStatsFilter(label_selector={"test": "hct"}))).stats
+    assert [x.attributes.id for x in by_label] == [pod_id]
+    for flt in (pb.PodSandboxStatsFilter(label_selector={"test": "other"}), pb.PodSandboxStatsFilter(id="0" * 64)):
+        assert not rt.ListPodSandboxStats(pb.ListPodSandboxStatsRequest(filter=flt)).stats
+    assert [x.attributes.id for x in rt.ListPodSandboxStats(pb.ListPodSandboxStatsRequest(
+        filter=pb.PodSandboxStatsFilter(id=pod_id))).stats] == [pod_id]
 
     # Stop: SIGTERM (sh as pid 1 ignores it) then SIGKILL after the timeout.
     rt.StopContainer(pb.StopContainerRequest(container_id=cid, timeout=1), timeout=60)
