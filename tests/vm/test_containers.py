@@ -216,21 +216,7 @@ def test_memory_oom_kill_counted_exit_137_and_delete(container) -> None:
     assert [d for d in cgroup_dirs(m) if os.path.exists(d)] == []
 
 
-def _cli_options(command: str) -> set[str]:
-    """The options husk's CLI has for `command` (empty when it has no such command), read from the click
-    definitions in-process: a `husk --help` costs a Python start, about a second under emulation."""
-    from runtime.commands import cli
-    cmd = cli.commands.get(command)
-    return {opt for p in cmd.params for opt in getattr(p, "opts", [])} if cmd is not None else set()
-
-
-def _update_has_runc_flags() -> bool:
-    return {"--pids-limit", "--memory"} <= _cli_options("update")
-
-
 def test_update_with_runc_flags(container) -> None:
-    if not _update_has_runc_flags():
-        pytest.skip("husk update has no runc-style flags (--pids-limit, --memory) yet")
     c = container({"memory": {"limit": 96 * MiB}, "pids": {"limit": 42}})
     m = c.manager
     pids_file = v2_or_v1(c, "pids.max", "pids/pids.max")
@@ -265,13 +251,7 @@ def test_user_namespace_sees_its_own_cgroup(container, cgroup_version, cgroupns)
     assert c.finish() == 0
 
 
-def _events_has_stats() -> bool:
-    return "--stats" in _cli_options("events")
-
-
 def test_events_stats_and_oom(container) -> None:
-    if not _events_has_stats():
-        pytest.skip("husk has no `events` command yet")
     c = container({"memory": {"limit": 48 * MiB, "swap": 48 * MiB}, "pids": {"limit": 42}})
     ev = json.loads(c.husk("events", "--stats", c.id).stdout)
     assert (ev["type"], ev["id"]) == ("stats", c.id)
