@@ -525,6 +525,7 @@ class RootFs:
             os.close(self.rootfd)
             self.rootfd = -1
         if no_pivot:
+            _hide_host_proc_sys(self.rootfs)
             os.chdir(self.rootfs)
             sc.mount(self.rootfs, "/", None, sc.MS_MOVE)
             os.chroot(".")
@@ -543,6 +544,49 @@ class RootFs:
             os.close(old)
             os.close(new)
         os.chdir("/")
+
+
+def _hide_host_proc_sys(rootfs: str) -> None:
+    """Unmounts (or, where refused, covers with a tmpfs) every full procfs and sysfs mount of the host, as
+    runc's msMoveRoot does before --no-pivot's MS_MOVE + chroot. Without pivot_root the host's mounts stay in
+    the container's mount namespace, and a full, unmasked procfs there lets a nested user namespace mount a
+    fresh procfs (the kernel allows it when one is already fully visible) past maskedPaths and readonlyPaths."""
+    inside = os.path.realpath(rootfs).rstrip("/") + "/"
+    points = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            fields = left.split()
+            point = _unescape_mountinfo(fields[4])
+            if fields[3] == "/" and right.split()[0] in ("proc", "sysfs") and not (point + "/").startswith(inside):
+                points.append(point)
+    for point in points:
+        try:
+            sc.mount(None, point, None, sc.MS_SLAVE | sc.MS_REC)  # the unmount must not reach the host
+            try:
+                sc.umount2(point, sc.MNT_DETACH)
+            except OSError as e:
+                if e.errno not in (errno.EINVAL, errno.EPERM):  # locked: inherited into a user namespace
+                    raise
+                sc.mount("tmpfs", point, "tmpfs", 0)
+        except FileNotFoundError:
+            continue  # below a mount detached already
+        except OSError as e:
+            raise SetupError(f"--no-pivot: hide the host's {point}: {e.strerror}") from None
+
+
+def _unescape_mountinfo(field: str) -> str:
+    """mountinfo writes space, tab, newline and backslash as a backslash and three octal digits."""
+    out, i = bytearray(), 0
+    raw = field.encode(errors="surrogateescape")
+    while i < len(raw):
+        if raw[i] == 0x5C and raw[i + 1:i + 4].isdigit() and len(raw[i + 1:i + 4]) == 3:
+            out.append(int(raw[i + 1:i + 4], 8))
+            i += 4
+        else:
+            out.append(raw[i])
+            i += 1
+    return out.decode(errors="surrogateescape")
 
 
 # --- after pivot_root: paths are the container's own ---------------------------------------------
