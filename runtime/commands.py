@@ -136,6 +136,19 @@ def spec(ctx: click.Context, bundle: str, rootless: bool) -> None:
     _finish(ctx, c.guard(g, do))
 
 
+def _owner(state_dir: str) -> str:
+    """The user name owning a container's state dir, "#uid" if it has none (runc's list)."""
+    import pwd
+    try:
+        uid = os.stat(state_dir).st_uid
+    except OSError:
+        return ""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"#{uid}"
+
+
 @cli.command("list")
 @click.option("--format", "-f", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option("--quiet", "-q", is_flag=True, help="print only the container ids")
@@ -151,20 +164,24 @@ def list_(ctx: click.Context, fmt: str, quiet: bool) -> None:
         if quiet:
             for s in items:
                 click.echo(s["id"])
-        elif fmt == "json":
+            return 0
+        # runc's list names the owner of each state dir (its `state` leaves "owner" empty)
+        items = [dict(s, owner=_owner(os.path.join(g.root, s["id"]))) for s in items]
+        if fmt == "json":
             click.echo(dumps_json(items))
         else:
             rows = [("ID", "PID", "STATUS", "BUNDLE", "CREATED", "OWNER")]
-            rows += [(s["id"], str(s["pid"]), s["status"], s["bundle"], s["created"], s["owner"] or "root")
-                     for s in items]
-            widths = [max(len(r[i]) for r in rows) for i in range(6)]
+            rows += [(s["id"], str(s["pid"]), s["status"], s["bundle"], s["created"], s["owner"]) for s in items]
+            # runc's text/tabwriter (minwidth 12, padding 3): each column but the last is max(12, widest + 3)
+            widths = [max(12, max(len(r[i]) for r in rows) + 3) for i in range(5)]
             for r in rows:
-                click.echo("   ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip())
+                click.echo("".join(v.ljust(w) for v, w in zip(r, widths)) + r[5])
         return 0
     _finish(ctx, c.guard(g, do))
 
 
-@cli.command(context_settings={"ignore_unknown_options": True})
+# As runc: options after the container id are ps's own (`husk ps ID -ef`), not husk's.
+@cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("--format", "-f", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.argument("container_id")
 @click.argument("ps_args", nargs=-1, type=click.UNPROCESSED)
