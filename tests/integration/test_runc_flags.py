@@ -1,0 +1,270 @@
+"""runc's flags and outputs whose effect a container or the host can observe, each checked against runc (the
+control): kill --all, --no-new-keyring, --no-pivot, the namespaces exec joins, the list and ps tables, and
+the annotations in state."""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from tests.integration import leftover
+
+pytestmark = pytest.mark.root
+
+RUNTIMES = ["husk", "runc"]
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 20.0) -> bool:
+    """Polls until predicate() holds; a bound on waiting, never an assertion about time."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if predicate():
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+
+
+def cgroup_of(bundle: Path) -> str:
+    return json.loads((bundle / "config.json").read_text())["linux"]["cgroupsPath"]
+
+
+def no_pid_namespace(c: dict[str, Any]) -> None:
+    c["linux"]["namespaces"] = [n for n in c["linux"]["namespaces"] if n["type"] != "pid"]
+
+
+# --- kill --all ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", RUNTIMES)
+def test_kill_reaches_the_init_only_and_kill_all_every_process(name, request, make_bundle) -> None:
+    # Without its own pid namespace the init's death does not end the others: only --all reaches them.
+    rt = request.getfixturevalue(name)
+    b = make_bundle(["sh", "-c", "sleep 1000 & sleep 1000 & wait"], edit=no_pid_namespace)
+    cg = cgroup_of(b)
+    cid = "rtit-killall-" + uuid.uuid4().hex[:8]
+    assert rt.run(b, cid, "-d").returncode == 0
+    init = rt.state(cid)["pid"]
+    assert wait_until(lambda: len(leftover.processes_of(cg)) == 3), leftover.processes_of(cg)
+    others = {p: leftover.start_time(p) for p in leftover.processes_of(cg) if p != init}
+    rt("kill", cid, "KILL")
+    assert wait_until(lambda: rt.state(cid)["status"] == "stopped")
+    # the children were never signalled: still alive, still in the container's cgroup
+    assert all(leftover.alive(p, t) for p, t in others.items()), others
+    assert sorted(leftover.processes_of(cg)) == sorted(others)
+    rt("kill", "--all", cid, "KILL")
+    assert wait_until(lambda: leftover.processes_of(cg) == []), leftover.processes_of(cg)
+    assert not any(leftover.alive(p, t) for p, t in others.items())
+    rt("delete", cid)
+    assert leftover.leftovers(rt.root, cid, cg, b, others) == []
+
+
+@pytest.mark.parametrize("name", RUNTIMES)
+def test_kill_all_term_ends_the_children_of_an_init_that_ignores_it(name, request, make_bundle) -> None:
+    # A pid namespace's init without a handler never sees TERM from outside: the container ends only
+    # because --all reached the children, whose end lets the init's `wait` return.
+    rt = request.getfixturevalue(name)
+    b = make_bundle(["sh", "-c", "sleep 1000 & sleep 1000 & wait"])
+    cg = cgroup_of(b)
+    cid = "rtit-killterm-" + uuid.uuid4().hex[:8]
+    assert rt.run(b, cid, "-d").returncode == 0
+    assert wait_until(lambda: len(leftover.processes_of(cg)) == 3), leftover.processes_of(cg)
+    pids = {p: leftover.start_time(p) for p in leftover.processes_of(cg)}
+    rt("kill", "--all", cid, "TERM")
+    assert wait_until(lambda: rt.state(cid)["status"] == "stopped"), rt.state(cid)
+    assert wait_until(lambda: leftover.processes_of(cg) == []), leftover.processes_of(cg)
+    rt("delete", cid)
+    assert leftover.leftovers(rt.root, cid, cg, b, pids) == []
+
+
+# --- --no-new-keyring ----------------------------------------------------------------------------------
+SYS_keyctl = 250
+KEYCTL_JOIN_SESSION_KEYRING = 1
+
+
+def _join_session_keyring(name: str) -> Callable[[], None]:
+    """A preexec_fn giving the runtime a session keyring of its own, named `name` (the caller's keyring)."""
+    def join() -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.syscall(SYS_keyctl, KEYCTL_JOIN_SESSION_KEYRING, name.encode()) < 0:
+            raise OSError(ctypes.get_errno(), f"keyctl(JOIN_SESSION_KEYRING, {name})")
+    return join
+
+
+def _keyrings_seen(rt, bundle: Path, cid: str, *flags: str, caller_keyring: str) -> set[str]:
+    rt.created.append(cid)
+    cp = rt("run", *flags, "--bundle", str(bundle), cid, check=False, stdin=subprocess.DEVNULL,
+            preexec_fn=_join_session_keyring(caller_keyring))
+    assert cp.returncode == 0, cp.stderr
+    # /proc/keys: serial flags usage timeout perm uid gid type description: summary
+    return {line.split()[8].rstrip(":") for line in cp.stdout.splitlines()
+            if len(line.split()) > 8 and line.split()[7] == "keyring"}
+
+
+@pytest.mark.parametrize("name", RUNTIMES)
+def test_new_session_keyring_unless_no_new_keyring(name, request, make_bundle) -> None:
+    # A non-root process sees in /proc/keys only the keys it possesses: its session keyring and what that
+    # holds. runc names the container's keyring `_ses.<id>`; with --no-new-keyring the container keeps the
+    # caller's.
+    rt = request.getfixturevalue(name)
+
+    def edit(c: dict[str, Any]) -> None:
+        c["process"]["user"] = {"uid": 1234, "gid": 1234}
+        c["linux"]["maskedPaths"] = [p for p in c["linux"]["maskedPaths"] if p != "/proc/keys"]
+    b = make_bundle(["cat", "/proc/keys"], edit=edit)
+    caller = "rtit-caller-" + uuid.uuid4().hex[:8]
+    cid = "rtit-keys-" + uuid.uuid4().hex[:8]
+    seen = _keyrings_seen(rt, b, cid, caller_keyring=caller)
+    assert f"_ses.{cid}" in seen and caller not in seen, seen
+    cid2 = "rtit-nokeys-" + uuid.uuid4().hex[:8]
+    seen = _keyrings_seen(rt, b, cid2, "--no-new-keyring", caller_keyring=caller)
+    assert caller in seen and not any(k.startswith("_ses.") for k in seen), seen
+
+
+# --- --no-pivot ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("pivot", [True, False], ids=["pivot_root", "no-pivot"])
+@pytest.mark.parametrize("name", RUNTIMES)
+def test_nested_user_namespace_cannot_mount_a_bare_proc(name, pivot, request, make_bundle) -> None:
+    # runc's tests/integration/no_pivot.bats: without pivot_root the host's mounts stay in the container's
+    # mount namespace; a full host procfs among them would let a nested user namespace mount a fresh,
+    # unmasked /proc. runc (msMoveRoot) unmounts the host's procfs and sysfs first; with pivot_root the old
+    # root is gone anyway. CAP_SETFCAP: mapping uid 0 into the nested namespace needs it.
+    rt = request.getfixturevalue(name)
+
+    def edit(c: dict[str, Any]) -> None:
+        for s in ("bounding", "permitted", "effective"):
+            c["process"]["capabilities"][s].append("CAP_SETFCAP")
+    script = "unshare -mrpf sh -c 'echo in-userns; mount -t proc none /proc && echo MOUNTED'; stat -c %i /"
+    b = make_bundle(["sh", "-c", script], edit=edit)
+    cp = rt.run(b, None, *([] if pivot else ["--no-pivot"]))
+    assert cp.returncode == 0, cp.stderr
+    lines = cp.stdout.splitlines()
+    if "in-userns" not in lines:
+        pytest.skip(f"no user namespaces for the container here: {cp.stderr.strip()}")
+    assert "MOUNTED" not in lines, cp.stdout
+    assert "permission denied" in cp.stderr
+    assert lines[-1] == str(os.stat(b / "rootfs").st_ino), lines  # either way "/" is the rootfs itself
+
+
+# --- exec joins every namespace ------------------------------------------------------------------------
+NS_KINDS = ("mnt", "uts", "ipc", "net", "pid", "pid_for_children", "cgroup", "user", "time", "time_for_children")
+
+
+@pytest.fixture
+def public_dir():
+    """A directory ids mapped into a user namespace can reach (pytest's tmp dirs are 0700 root)."""
+    d = tempfile.mkdtemp(prefix="rtit-flags-")
+    os.chmod(d, 0o755)
+    yield Path(d)
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.parametrize("userns", [False, True], ids=["no-userns", "userns"])
+@pytest.mark.parametrize("name", RUNTIMES)
+def test_exec_joins_every_namespace_and_the_cgroup(name, userns, request, make_bundle, tmp_path: Path,
+                                                   public_dir: Path) -> None:
+    rt = request.getfixturevalue(name)
+    time_ns = name == "husk" and os.path.exists("/proc/self/ns/time")  # runc 1.1.5 has no time namespace
+
+    def edit(c: dict[str, Any]) -> None:
+        c["linux"]["namespaces"].append({"type": "cgroup"})
+        if time_ns:
+            c["linux"]["namespaces"].append({"type": "time"})
+        if userns:
+            c["linux"]["namespaces"].append({"type": "user"})
+            c["linux"]["uidMappings"] = [{"containerID": 0, "hostID": 200000, "size": 65536}]
+            c["linux"]["gidMappings"] = [{"containerID": 0, "hostID": 200000, "size": 65536}]
+            # a user namespace may not mount the host's v1 cgroup hierarchies
+            c["mounts"] = [m for m in c["mounts"] if m["destination"] != "/sys/fs/cgroup"]
+    b = make_bundle(["sleep", "1000"], edit=edit)
+    if userns:
+        b = Path(shutil.move(str(b), public_dir / b.name))
+    cid = "rtit-execns-" + uuid.uuid4().hex[:8]
+    cp = rt.run(b, cid, "-d")
+    assert cp.returncode == 0, cp.stderr
+    init = rt.state(cid)["pid"]
+    pidfile = tmp_path / "exec.pid"
+    rt("exec", "--detach", "--pid-file", str(pidfile), cid, "sleep", "1000")
+    pid = int(pidfile.read_text())
+    kinds = [k for k in NS_KINDS if os.path.exists(f"/proc/self/ns/{k}")]
+
+    def ns(p: int | str) -> dict[str, str]:
+        return {k: os.readlink(f"/proc/{p}/ns/{k}") for k in kinds}
+    container, exec_, host = ns(init), ns(pid), ns("self")
+    assert exec_ == container
+    new = {"mnt", "uts", "ipc", "net", "pid", "pid_for_children", "cgroup"} | ({"user"} if userns else set()) \
+        | ({"time", "time_for_children"} if time_ns else set())
+    assert {k for k in kinds if container[k] != host[k]} == new & set(kinds)
+    with open(f"/proc/{init}/cgroup") as f, open(f"/proc/{pid}/cgroup") as g:
+        assert g.read() == f.read()
+    rt("delete", "--force", cid)
+
+
+# --- list and ps ---------------------------------------------------------------------------------------
+def tabwriter(rows: list[list[str]]) -> str:
+    """What Go's text/tabwriter prints for runc's list (minwidth 12, tabwidth 1, padding 3, padchar ' ', no
+    flags): each column but the last as wide as max(12, widest cell + 3); the last cell as it is."""
+    widths = [max(12, max(len(r[i]) for r in rows) + 3) for i in range(len(rows[0]) - 1)]
+    return "".join("".join(c.ljust(w) for c, w in zip(r, widths)) + r[-1] + "\n" for r in rows)
+
+
+@pytest.mark.parametrize("name", RUNTIMES)
+def test_list_table_and_quiet_as_runc(name, request, make_bundle) -> None:
+    rt = request.getfixturevalue(name)
+    running = "rtit-list-a" + uuid.uuid4().hex[:6]
+    created = "rtit-list-b" + uuid.uuid4().hex[:6]
+    b1, b2 = make_bundle(["sleep", "1000"]), make_bundle(["sleep", "1000"])
+    assert rt.run(b1, running, "-d").returncode == 0
+    rt.create(b2, created)
+    assert rt("list", "-q").stdout == f"{running}\n{created}\n"
+    out = rt("list").stdout
+    rows = [line.split() for line in out.splitlines()]
+    assert out == tabwriter(rows), out
+    want = [["ID", "PID", "STATUS", "BUNDLE", "CREATED", "OWNER"]]
+    for cid, bundle in ((running, b1), (created, b2)):
+        st = rt.state(cid)
+        want.append([cid, str(st["pid"]), st["status"], str(bundle), st["created"], "root"])
+    assert rows == want
+    listed = json.loads(rt("list", "--format", "json").stdout)
+    assert [(c["id"], c["owner"]) for c in listed] == [(running, "root"), (created, "root")]
+
+
+@pytest.mark.parametrize("name", RUNTIMES)
+def test_ps_table_as_runc(name, request, make_bundle) -> None:
+    rt = request.getfixturevalue(name)
+    cid = "rtit-ps-" + uuid.uuid4().hex[:8]
+    assert rt.run(make_bundle(["sh", "-c", "sleep 1000 & sleep 1001 & wait"]), cid, "-d").returncode == 0
+    assert wait_until(lambda: len(set(json.loads(rt("ps", "--format", "json", cid).stdout))) == 3)
+    pids = set(json.loads(rt("ps", "--format", "json", cid).stdout))
+    header = subprocess.run(["ps", "-ef"], capture_output=True, text=True, check=True).stdout.splitlines()[0]
+    for argv in (("ps", cid), ("ps", cid, "-ef")):  # `ps ID [ps options]`: without options, ps -ef
+        lines = rt(*argv).stdout.splitlines()
+        assert lines[0] == header
+        assert {int(line.split()[1]) for line in lines[1:]} == pids
+        # CMD: ps cuts it at its default width when stdout is not a terminal
+        assert sorted(" ".join(line.split()[7:9]) for line in lines[1:]) == ["sh -c", "sleep 1000", "sleep 1001"]
+    lines = rt("ps", cid, "-o", "pid,comm").stdout.splitlines()
+    assert lines[0].split() == ["PID", "COMMAND"]
+    assert sorted(line.split()[1] for line in lines[1:]) == ["sh", "sleep", "sleep"]
+    rt("delete", "--force", cid)
+
+
+# --- state ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", RUNTIMES)
+def test_state_shows_the_configs_annotations(name, request, make_bundle) -> None:
+    rt = request.getfixturevalue(name)
+    annotations = {"org.example.rtit/a": "1", "rtit.b": "two words", "empty": ""}
+    b = make_bundle(["sleep", "1000"], edit=lambda c: c.update(annotations=annotations))
+    cid, _ = rt.create(b)
+    assert rt.state(cid)["annotations"] == annotations
+    rt("start", cid)
+    assert rt.state(cid)["annotations"] == annotations
+    assert json.loads(rt("list", "--format", "json").stdout)[0]["annotations"] == annotations
+    rt("delete", "--force", cid)
