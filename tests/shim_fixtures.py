@@ -132,10 +132,11 @@ def cleanup_shim(s: RunningShim) -> None:
 
 
 def remove_cgroup(rel: str) -> None:
-    """Removes the container's cgroup (if the runtime left it) and its parent once empty, in every hierarchy."""
+    """Removes the container's cgroup (if the runtime left it) and its parent once empty, in every hierarchy
+    (each v1 controller's, or the unified one at /sys/fs/cgroup itself)."""
     base = "/sys/fs/cgroup"
-    for ctrl in os.listdir(base):
-        d = os.path.join(base, ctrl, rel.lstrip("/"))
+    for root in [base, *(os.path.join(base, ctrl) for ctrl in os.listdir(base))]:
+        d = os.path.join(root, rel.lstrip("/"))
         for target in (d, os.path.dirname(d)):
             try:
                 os.rmdir(target)
@@ -162,6 +163,35 @@ def runtimes_available() -> list[str]:
     except ImportError:
         pass
     return out
+
+
+HUSK_BINARY = os.path.join(TOP, ".venv", "bin", "husk")   # the fast launcher scripts/install-deps writes
+
+
+def cgroup_v2_unified() -> bool:
+    return os.path.exists("/sys/fs/cgroup/cgroup.controllers")
+
+
+def binary_runtimes() -> list[str]:
+    """The runc-compatible binaries the shim can drive here, each through its command line: runc, husk's own
+    launcher (a binary like the others, not the in-process driver) and crun, which refuses a hybrid host's
+    cgroups and so is driven only where /sys/fs/cgroup is cgroup v2."""
+    out = ["runc"]
+    if os.access(HUSK_BINARY, os.X_OK):
+        out.append(HUSK_BINARY)
+    if shutil.which("crun") is not None and cgroup_v2_unified():
+        out.append("crun")
+    return out
+
+
+def lifecycle_runtimes() -> list[str]:
+    """Every runtime the shim's lifecycle tests run against: husk in-process and every binary above."""
+    return [r for r in runtimes_available() if r != "runc"] + binary_runtimes()
+
+
+def runtime_id(runtime: str) -> str:
+    """A test id: "husk" is the in-process driver, "husk-binary" the launcher run as a binary."""
+    return "husk-binary" if runtime == HUSK_BINARY else os.path.basename(runtime)
 
 
 # --- a tiny OCI image (static busybox) for containerd e2e tests ------------------------------------

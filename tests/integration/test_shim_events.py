@@ -11,9 +11,15 @@ from shim.pb import events as ev
 from shim.pb import events_service, google
 from shim.protobuf import lookup
 from shim.ttrpc_server import Server, Service, listen_unix
-from tests.shim_fixtures import cleanup_shim, make_bundle, start_shim, wait_for
+from tests.shim_fixtures import cleanup_shim, lifecycle_runtimes, make_bundle, runtime_id, start_shim, wait_for
 
 pytestmark = pytest.mark.root
+
+
+@pytest.fixture(params=lifecycle_runtimes(), ids=runtime_id)
+def runtime(request):
+    """The events come from the shim, whatever runs the container: husk in-process and every runtime binary."""
+    return request.param
 
 
 class FakeEvents:
@@ -50,9 +56,9 @@ def events_server(tmp_path):
     srv.close()
 
 
-def test_event_order(tmp_path, events_server):
+def test_event_order(tmp_path, events_server, runtime):
     path, impl = events_server
-    s = start_shim(str(tmp_path), "runc", ttrpc_address=path)
+    s = start_shim(str(tmp_path), runtime, ttrpc_address=path)
     try:
         bundle = make_bundle(str(tmp_path), s.cid, ["sleep", "1000"])
         spec = google.Any(type_url="x", value=json.dumps({"args": ["true"], "cwd": "/", "env": ["PATH=/bin"]}).encode())
@@ -80,10 +86,10 @@ def test_event_order(tmp_path, events_server):
         cleanup_shim(s)
 
 
-def test_events_queued_while_containerd_is_away(tmp_path):
+def test_events_queued_while_containerd_is_away(tmp_path, runtime):
     """No events server at first: events are kept and delivered in order once it appears."""
     path = str(tmp_path / "late.sock")
-    s = start_shim(str(tmp_path), "runc", ttrpc_address=path)
+    s = start_shim(str(tmp_path), runtime, ttrpc_address=path)
     try:
         bundle = make_bundle(str(tmp_path), s.cid, ["true"])
         with s.client() as c:
@@ -108,9 +114,9 @@ def test_events_queued_while_containerd_is_away(tmp_path):
         cleanup_shim(s)
 
 
-def test_oom_kill(tmp_path, events_server):
+def test_oom_kill(tmp_path, events_server, runtime):
     path, impl = events_server
-    s = start_shim(str(tmp_path), "runc", ttrpc_address=path)
+    s = start_shim(str(tmp_path), runtime, ttrpc_address=path)
     try:
         bundle = make_bundle(str(tmp_path), s.cid, ["dd", "if=/dev/zero", "of=/dev/null", "bs=200M", "count=1"],
                              memory_limit=32 << 20)

@@ -12,13 +12,13 @@ from shim import exitfile
 from shim import ttrpc_wire as w
 from shim.attach import AttachClient
 from shim.pb import google, task_types
-from tests.shim_fixtures import cleanup_shim, make_bundle, runtimes_available, start_shim, unique, wait_for
+from tests.shim_fixtures import cleanup_shim, lifecycle_runtimes, make_bundle, runtime_id, start_shim, unique, wait_for
 
 pytestmark = pytest.mark.root
 S = task_types.Status
 
 
-@pytest.fixture(params=runtimes_available())
+@pytest.fixture(params=lifecycle_runtimes(), ids=runtime_id)
 def runtime(request):
     return request.param
 

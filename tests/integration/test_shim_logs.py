@@ -7,7 +7,7 @@ import re
 import pytest
 
 from shim.pb import google, husk as huskpb
-from tests.shim_fixtures import cleanup_shim, make_bundle, start_shim, wait_for
+from tests.shim_fixtures import cleanup_shim, lifecycle_runtimes, make_bundle, runtime_id, start_shim, wait_for
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 RECORD = re.compile(rb"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{9}Z (stdout|stderr) ([PF]) (.*)$")
@@ -31,9 +31,10 @@ def parse(paths):
     return lines, partial
 
 
-@pytest.fixture
-def shim(tmp_path):
-    s = start_shim(str(tmp_path), "runc")
+@pytest.fixture(params=lifecycle_runtimes(), ids=runtime_id)
+def shim(tmp_path, request):
+    # the shim writes the log from the container's stdio pipes, which each runtime hands on its own way
+    s = start_shim(str(tmp_path), request.param)
     yield s
     cleanup_shim(s)
 
