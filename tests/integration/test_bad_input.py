@@ -8,20 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration import leftover
+
 pytestmark = pytest.mark.root
-
-
-def leftovers(husk, cid: str, cgroup_path: str) -> list[str]:
-    found = []
-    if (Path(husk.root) / cid).exists():
-        found.append("state dir")
-    for ctrl in ("memory", "pids", "cpu", "devices", "freezer"):
-        if os.path.exists(f"/sys/fs/cgroup/{ctrl}{cgroup_path}"):
-            found.append(f"cgroup {ctrl}")
-    with open("/proc/self/mountinfo") as f:
-        if cgroup_path.rsplit("/", 1)[-1] in f.read():
-            found.append("mount")
-    return found
 
 
 def create_bad(husk, make_bundle, edit=None, raw: str | None = None):
@@ -31,7 +20,8 @@ def create_bad(husk, make_bundle, edit=None, raw: str | None = None):
         (b / "config.json").write_text(raw)
     cid, cp = husk.create(b, check=False)
     assert cp.returncode == 1
-    assert leftovers(husk, cid, cg) == []
+    # state dir, cgroup dirs in every hierarchy, mounts under the bundle, processes in the cgroup or bundle
+    assert leftover.leftovers(husk.root, cid, cg, b) == []
     return cp.stderr
 
 
