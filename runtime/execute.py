@@ -232,6 +232,13 @@ def _process(rec: st.Record, process: dict[str, Any], chan: Channel, console_fd:
         # A session (and process group) of its own, as runc gives every exec'd process: signals meant
         # for it and its children (a timed-out ExecSync kills the group) reach nothing else.
         os.setsid()
+        if not rec.no_new_keyring:
+            # the container's session keyring, not the caller's (runc's setns init)
+            try:
+                sc.join_session_keyring(f"_ses.{rec.id}")
+            except OSError as e:
+                if e.errno not in (1, 13, 38):  # EPERM/EACCES/ENOSYS: keyrings unavailable, as at create
+                    raise
         if process.get("terminal"):
             from runtime import console
             master, slave, _path = console.open_pty()

@@ -153,10 +153,17 @@ def _setup(ctx: "CreateContext", chan: "Channel") -> str:
         set_rlimits(proc["rlimits"])
     if not ctx.no_new_keyring:
         try:
-            sc.join_session_keyring(f"_ses.{ctx.container_id}")
+            serial = sc.join_session_keyring(f"_ses.{ctx.container_id}")
         except OSError as e:
             if e.errno not in (1, 13, 38):  # EPERM/EACCES/ENOSYS: keyrings unavailable here, as runc tolerates
                 raise
+        else:
+            # searchable, so that `exec` joins it by name: runc's bits (owner search; with a user namespace
+            # "other" search, which leaves an exec'd process, owner to the keyring, a fresh one, as in runc)
+            try:
+                sc.add_key_perm(serial, sc.KEY_OTH_SEARCH if cfg.ns("user") is not None else sc.KEY_USR_SEARCH)
+            except OSError as e:
+                raise SetupError(f"session keyring _ses.{ctx.container_id}: {e.strerror}") from None
     from runtime.process import build_env, find_executable
     ctx.env = build_env(proc, ctx.extra_env)
     ctx.exe = find_executable(proc["args"][0], ctx.env, proc.get("cwd") or "/")

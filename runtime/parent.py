@@ -156,7 +156,7 @@ def create(root: str, container_id: str, cfg: Config, *, console_socket: str | N
         init_pid = _drive(ctx, mgr, parent_chan, pid1, procs)
         rec = st.Record(id=container_id, pid=init_pid, pid_start=_start_time(init_pid), bundle=cfg.bundle,
                         rootfs=cfg.rootfs, created=st.now_rfc3339(), cgroup_path=cgroup_path, config=cfg.raw,
-                        annotations=dict(cfg.raw.get("annotations") or {}))
+                        annotations=dict(cfg.raw.get("annotations") or {}), no_new_keyring=no_new_keyring)
         st.save(state_dir, rec)
         if pid_file:
             st.write_pid_file(pid_file, init_pid)

@@ -417,12 +417,27 @@ def open_tree(dirfd: int, path: str | bytes, flags: int) -> int:
 
 # --- keyctl: a fresh session keyring per container (runc's behaviour without --no-new-keyring)
 SYS_keyctl = 250
+KEYCTL_SETPERM = 5
+KEYCTL_DESCRIBE = 6
 KEYCTL_JOIN_SESSION_KEYRING = 1
+KEY_USR_SEARCH = 0x00080000
+KEY_OTH_SEARCH = 0x00000008
 
 
-def join_session_keyring(name: str) -> None:
-    _check(_libc.syscall(SYS_keyctl, ctypes.c_int(KEYCTL_JOIN_SESSION_KEYRING), _fs(name)),
-           "keyctl(JOIN_SESSION_KEYRING)")
+def join_session_keyring(name: str) -> int:
+    """Joins the session keyring called `name` (created if none is searchable); returns its serial."""
+    return _check(_libc.syscall(SYS_keyctl, ctypes.c_int(KEYCTL_JOIN_SESSION_KEYRING), _fs(name)),
+                  "keyctl(JOIN_SESSION_KEYRING)")
+
+
+def add_key_perm(serial: int, bits: int) -> None:
+    """Adds permission bits to a key's (KEYCTL_DESCRIBE gives "type;uid;gid;perm;description", perm in hex)."""
+    buf = ctypes.create_string_buffer(4096)
+    n = _check(_libc.syscall(SYS_keyctl, ctypes.c_int(KEYCTL_DESCRIBE), ctypes.c_int32(serial), buf,
+                             ctypes.c_size_t(len(buf))), "keyctl(DESCRIBE)")
+    perm = int(buf.raw[:max(0, n - 1)].split(b";")[3], 16)
+    _check(_libc.syscall(SYS_keyctl, ctypes.c_int(KEYCTL_SETPERM), ctypes.c_int32(serial),
+                         ctypes.c_uint32(perm | bits)), "keyctl(SETPERM)")
 
 
 # --- personality, ioprio -----------------------------------------------------------------

@@ -98,21 +98,33 @@ def _join_session_keyring(name: str) -> Callable[[], None]:
     return join
 
 
-def _keyrings_seen(rt, bundle: Path, cid: str, *flags: str, caller_keyring: str) -> set[str]:
+def _keyrings(stdout: str) -> dict[str, int]:
+    """/proc/keys lines (serial flags usage timeout perm uid gid type description: summary): keyring -> perm."""
+    return {f[8].rstrip(":"): int(f[4], 16) for f in (line.split() for line in stdout.splitlines())
+            if len(f) > 8 and f[7] == "keyring"}
+
+
+def _keyrings_seen(rt, bundle: Path, cid: str, *flags: str, caller_keyring: str) -> dict[str, int]:
     rt.created.append(cid)
     cp = rt("run", *flags, "--bundle", str(bundle), cid, check=False, stdin=subprocess.DEVNULL,
             preexec_fn=_join_session_keyring(caller_keyring))
     assert cp.returncode == 0, cp.stderr
-    # /proc/keys: serial flags usage timeout perm uid gid type description: summary
-    return {line.split()[8].rstrip(":") for line in cp.stdout.splitlines()
-            if len(line.split()) > 8 and line.split()[7] == "keyring"}
+    return _keyrings(cp.stdout)
+
+
+def _keyrings_seen_by_exec(rt, bundle: Path, cid: str, *flags: str, caller_keyring: str) -> dict[str, int]:
+    rt.create(bundle, cid, *flags)
+    rt("start", cid)
+    cp = rt("exec", "--user", "1234:1234", cid, "cat", "/proc/keys", preexec_fn=_join_session_keyring(caller_keyring))
+    rt("delete", "--force", cid)
+    return _keyrings(cp.stdout)
 
 
 @pytest.mark.parametrize("name", RUNTIMES)
 def test_new_session_keyring_unless_no_new_keyring(name, request, make_bundle) -> None:
     # A non-root process sees in /proc/keys only the keys it possesses: its session keyring and what that
-    # holds. runc names the container's keyring `_ses.<id>`; with --no-new-keyring the container keeps the
-    # caller's.
+    # holds. runc names the container's keyring `_ses.<id>` and makes it searchable by its owner, and `exec`
+    # joins it; with --no-new-keyring the container keeps the caller's, and exec its own caller's.
     rt = request.getfixturevalue(name)
 
     def edit(c: dict[str, Any]) -> None:
@@ -123,9 +135,19 @@ def test_new_session_keyring_unless_no_new_keyring(name, request, make_bundle) -
     cid = "rtit-keys-" + uuid.uuid4().hex[:8]
     seen = _keyrings_seen(rt, b, cid, caller_keyring=caller)
     assert f"_ses.{cid}" in seen and caller not in seen, seen
+    assert seen[f"_ses.{cid}"] & 0x00080000, f"{seen[f'_ses.{cid}']:08x}"  # KEY_USR_SEARCH
     cid2 = "rtit-nokeys-" + uuid.uuid4().hex[:8]
     seen = _keyrings_seen(rt, b, cid2, "--no-new-keyring", caller_keyring=caller)
     assert caller in seen and not any(k.startswith("_ses.") for k in seen), seen
+
+    sleeper = make_bundle(["sleep", "1000"], edit=edit)
+    exec_caller = "rtit-exec-caller-" + uuid.uuid4().hex[:8]
+    cid3 = "rtit-execkeys-" + uuid.uuid4().hex[:8]
+    seen = _keyrings_seen_by_exec(rt, sleeper, cid3, caller_keyring=exec_caller)
+    assert f"_ses.{cid3}" in seen and exec_caller not in seen, seen
+    cid4 = "rtit-execnokeys-" + uuid.uuid4().hex[:8]
+    seen = _keyrings_seen_by_exec(rt, sleeper, cid4, "--no-new-keyring", caller_keyring=exec_caller)
+    assert exec_caller in seen and not any(k.startswith("_ses.") for k in seen), seen
 
 
 # --- --no-pivot ----------------------------------------------------------------------------------------
