@@ -56,6 +56,9 @@ mount -t devtmpfs devtmpfs /newroot/dev || fail "mount devtmpfs"
 mkdir -p /newroot/dev/pts /newroot/dev/shm
 mount -t devpts -o newinstance,ptmxmode=0666 devpts /newroot/dev/pts || fail "mount devpts"
 mount -t tmpfs -o mode=1777 tmpfs /newroot/dev/shm || fail "mount /dev/shm"
+# the links udev/systemd make on a real system: crun reads `update --resources -` from /dev/stdin
+ln -sfn /proc/self/fd /newroot/dev/fd
+for n in 0:stdin 1:stdout 2:stderr; do ln -sfn "/proc/self/fd/${n%%:*}" "/newroot/dev/${n#*:}"; done
 
 # cgroup v2 only: nothing mounts a v1 hierarchy. Every controller the kernel has is enabled for the subtree,
 # so the tests' cgroups (and husk's) can use all of them.

@@ -166,11 +166,16 @@ def test_pause_resume_stats_update(tmp_path, shim):
             value=json.dumps({"memory": {"limit": limit}, "pids": {"limit": 42}, "cpu": {"shares": 0}}).encode()))
         m = cgroups_v1.Metrics.decode(c.Stats(id=shim.cid).stats.value)
         assert m.memory.usage.limit == limit and m.pids.limit == 42
-        with pytest.raises(w.TtrpcError) as e:
-            c.Update(id=shim.cid, resources=google.Any(
-                type_url="types.containerd.io/opencontainers/runtime-spec/1/LinuxResources",
-                value=json.dumps({"memory": {"limit": "lots"}}).encode()))
-        assert "limit" in str(e.value)
+        bad = google.Any(type_url="types.containerd.io/opencontainers/runtime-spec/1/LinuxResources",
+                         value=json.dumps({"memory": {"limit": "lots"}}).encode())
+        if shim.runtime == "crun":
+            # crun 1.8.1's `update -r` takes a non-numeric limit without an error (exit 0) and changes nothing
+            c.Update(id=shim.cid, resources=bad)
+            assert cgroups_v1.Metrics.decode(c.Stats(id=shim.cid).stats.value).memory.usage.limit == limit
+        else:
+            with pytest.raises(w.TtrpcError) as e:
+                c.Update(id=shim.cid, resources=bad)
+            assert "limit" in str(e.value)
         with pytest.raises(w.TtrpcError) as e:
             c.Checkpoint(id=shim.cid, path="/nowhere")
         assert e.value.code == w.UNIMPLEMENTED
