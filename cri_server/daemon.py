@@ -82,8 +82,27 @@ def start_spawner(config: Config) -> Any:
     return spawner
 
 
+def protect_interpreter() -> str:
+    """The CVE-2019-5736 guard, once for the whole daemon: re-executes husk-cri (same command line, pid and
+    environment) from the protected interpreter of runtime/exeguard.py, so that the spawner, every shim forked
+    from it and the in-process runtime they run start protected and skip the per-container re-exec. Does not
+    return when it re-executes; returns "" once protected, or why it could not be (containers then pay one
+    re-exec each, as a fresh shim does)."""
+    from runtime import exeguard
+    from runtime.errors import SetupError
+    try:
+        exeguard.reexec_self()
+    except (SetupError, OSError) as e:
+        return str(e)
+    return ""
+
+
 def run(config: Config) -> int:
+    unprotected = protect_interpreter()
     logs.setup(config.server.log_level, config.server.log_format)
+    if unprotected:
+        log.warning("the interpreter is not protected; every container start re-executes it",
+                    extra={"reason": unprotected})
     prepare_dirs(config)
     policy = oom.detect(config.runtime.restrict_oom_score_adj)
     if policy.minimum > oom.OOM_SCORE_ADJ_MIN:

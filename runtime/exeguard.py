@@ -31,20 +31,21 @@ def _exe_mount_id(fd: int) -> int | None:
     return None
 
 
-def _mounted_ids() -> set[int]:
-    with open("/proc/self/mountinfo", "rb") as f:
+def _mounted_ids(pid: "int | str") -> set[int]:
+    with open(f"/proc/{pid}/mountinfo", "rb") as f:
         return {int(line.split(b" ", 1)[0]) for line in f if line.strip()}
 
 
-def is_protected() -> bool:
-    """True when this process's executable is a sealed memfd or a read-only file on a mount that is in no mount
-    namespace (what protected_exe() makes); a read-only host mount is not enough (host root may remount it)."""
+def is_protected(pid: "int | str" = "self") -> bool:
+    """True when the executable of this process (or of `pid`) is a sealed memfd or a read-only file on a mount
+    that is in no mount namespace (what protected_exe() makes); a read-only host mount is not enough (host root
+    may remount it)."""
     try:
-        fd = os.open("/proc/self/exe", os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(f"/proc/{pid}/exe", os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return False
     try:
-        if os.readlink("/proc/self/exe").startswith(_MEMFD_PREFIX):
+        if os.readlink(f"/proc/{pid}/exe").startswith(_MEMFD_PREFIX):
             import fcntl
             seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
             need = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK
@@ -52,7 +53,12 @@ def is_protected() -> bool:
         if not os.fstatvfs(fd).f_flag & os.ST_RDONLY:
             return False
         mnt = _exe_mount_id(fd)
-        return mnt is not None and mnt not in _mounted_ids()
+        if mnt is None:
+            return False
+        ids = _mounted_ids("self")
+        if pid != "self":
+            ids |= _mounted_ids(pid)
+        return mnt not in ids
     except OSError:
         return False
     finally:

@@ -13,6 +13,7 @@ import sys
 
 from shim.log import get as get_logger
 from shim.loop import Loop
+from shim.runtime_driver import IN_PROCESS
 from shim.service import ShimConfig, TaskService
 
 log = get_logger("husk-shim")
@@ -143,7 +144,13 @@ def launch_fresh(cfg: ShimConfig, listener: socket.socket, log_fd: int, debug: b
                 os.dup2(src, target)
             os.closerange(5, 1 << 16)
             os.chdir(cfg.bundle or "/")
-            os.execv(sys.executable, [sys.executable, "-I", "-S", "-c", _BOOT] + argv)
+            exe: int | str = sys.executable
+            if cfg.runtime in IN_PROCESS:
+                # the in-process runtime's stages enter the container: start the shim from the protected
+                # interpreter (runtime/exeguard.py) once, rather than re-executing in every create and exec
+                from runtime import exeguard
+                exe = exeguard.protected_exe()
+            os.execve(exe, [sys.executable, "-I", "-S", "-c", _BOOT] + argv, os.environ)
         finally:
             os._exit(127)
     os.close(wfd)

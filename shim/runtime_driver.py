@@ -288,9 +288,12 @@ def _keep_logging_off_container_stdio() -> None:
                 h.setStream(stream)
 
 
+IN_PROCESS = ("husk", "inprocess", "in-process")  # the names of the in-process runtime
+
+
 def make_driver(runtime: str, opts: RuntimeOptions, log_path: str) -> RuntimeDriver:
     """`runtime`: "husk" (in-process), or a runc-compatible binary name or path ("runc", "crun", "/usr/bin/husk")."""
-    if runtime in ("husk", "inprocess", "in-process"):
+    if runtime in IN_PROCESS:
         return InProcessRuntime(opts)
     return BinaryRuntime(runtime, opts, log_path)
 

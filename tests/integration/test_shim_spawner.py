@@ -110,3 +110,37 @@ def test_husk_shim_start_fresh_interpreter(tmp_path):
             os.kill(pid, signal.SIGKILL)
         subprocess.run(["runc", "--root", str(tmp_path / "root"), "delete", "-f", cid], capture_output=True)
         remove_cgroup(f"/hshim-test/{cid}")
+
+
+@pytest.mark.parametrize("runtime,protected", [("husk", True), ("runc", False)])
+def test_fresh_shim_of_the_in_process_runtime_starts_protected(tmp_path, runtime, protected):
+    """`husk-shim start` with the in-process runtime execs the shim from the protected interpreter
+    (runtime/exeguard.py) once, so its creates and execs skip the per-container re-exec; a shim that drives a
+    runtime binary has no use for it."""
+    from runtime import exeguard
+    cid = unique()
+    state = str(tmp_path / "state")
+    r = subprocess.run([sys.executable, "-m", "shim.main", "start", "--id", cid, "--state-dir", state,
+                        "--address", str(tmp_path / "p.sock"), "--runtime", runtime,
+                        "--runtime-root", str(tmp_path / "root"), "--log", str(tmp_path / "p.log")],
+                       capture_output=True, text=True, cwd=TOP, timeout=30)
+    assert r.returncode == 0, r.stderr
+    pid = json.loads(r.stdout)["pid"]
+    try:
+        assert exeguard.is_protected(pid) is protected
+        bundle = make_bundle(str(tmp_path), cid, ["sh", "-c", "exit 4"])
+        _run_container(json.loads(r.stdout)["address"], cid, bundle)
+        wait_for(lambda: _zombie(pid), 10, "shim exit")
+    finally:
+        if not _zombie(pid):
+            os.kill(pid, signal.SIGKILL)
+        if runtime == "runc":
+            subprocess.run(["runc", "--root", str(tmp_path / "root"), "delete", "-f", cid], capture_output=True)
+        else:
+            from runtime import lifecycle
+            from runtime.errors import ContainerNotFound
+            try:
+                lifecycle.delete(str(tmp_path / "root"), cid, force=True)
+            except ContainerNotFound:
+                pass
+        remove_cgroup(f"/hshim-test/{cid}")

@@ -60,8 +60,14 @@ def test_shims_are_forked_from_the_spawner(cri):
         assert "shim.main" not in cmdline, f"shim {pid} was started fresh: {cmdline}"
         assert cmdline == daemon_cmdline, f"shim {pid} is no fork of husk-cri's zygote: {cmdline}"
         assert ppid not in (cri.proc.pid, zygotes[0])         # double-forked: it outlives both
+    # husk-cri re-executed itself from the protected interpreter (runtime/exeguard.py) at start-up, so the
+    # zygote and every shim inherit it and the in-process runtime never re-executes per container
+    from runtime import exeguard
+    assert exeguard.is_protected(cri.proc.pid) and exeguard.is_protected(zygotes[0])
+    assert all(exeguard.is_protected(pid) for pid in shims)
     log = cri.log()
     assert "shim spawner started" in log
+    assert "interpreter is not protected" not in log
     assert not [m for m in FALLBACK_MESSAGES if m in log]
 
     rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=pod_id))
