@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from cri_server import config as cfg
+from cri_server.logs import LEVELS
 from cri_server.version import VERSION
 
 
@@ -38,7 +39,7 @@ def _effective(ctx: click.Context) -> cfg.Config:
 @click.option("--stream-tls-ca", metavar="FILE", help="PEM CA: streaming clients must present a certificate it "
                                                       "signed.")
 @click.option("--runtime", metavar="BINARY", help="OCI runtime of the default handler, or in-process.")
-@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False))
+@click.option("--log-level", type=click.Choice(list(LEVELS), case_sensitive=False))
 @click.pass_context
 def main(ctx: click.Context, config_path: str | None, **overrides: Any) -> None:
     """husk-cri: the CRI v1 server kubelet and crictl talk to."""

@@ -182,8 +182,10 @@ def validate(config: Config, source: str = "") -> None:
             raise ValueError(s.socket_mode)
     except ValueError:
         raise ConfigError("server.socket_mode", f"not an octal mode: {s.socket_mode!r}", source) from None
-    if s.log_level.lower() not in ("debug", "info", "warning", "error"):
-        raise ConfigError("server.log_level", f"unknown level {s.log_level!r}", source)
+    from cri_server.logs import LEVELS
+    if s.log_level.lower() not in LEVELS:
+        raise ConfigError("server.log_level", f"unknown level {s.log_level!r} (one of {', '.join(LEVELS)})",
+                          source)
     if s.log_format not in ("json", "text"):
         raise ConfigError("server.log_format", f"unknown format {s.log_format!r}", source)
     if not os.path.isabs(config.socket_path):

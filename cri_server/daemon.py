@@ -51,7 +51,8 @@ _RUNTIME_MODULES = ("runtime.lifecycle", "runtime.parent", "runtime.child", "run
                     "runtime.state", "runtime.config", "runtime.jsonload", "runtime.capabilities",
                     "runtime.process", "runtime.rootfs", "runtime.hooks", "runtime.network", "runtime.console",
                     "runtime.cgroups.v1", "runtime.cgroups.v2", "runtime.seccomp", "runtime.seccomp_lib",
-                    "_sha256", "_sha2", "hashlib")
+                    "runtime.seccomp_notify", "runtime.schema.validator", "runtime.execute", "runtime.execflags",
+                    "runtime.exeguard", "runtime.update", "resource", "_sha256", "_sha2", "hashlib")
 
 
 def _preload_for_shims() -> None:

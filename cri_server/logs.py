@@ -44,6 +44,11 @@ class TextFormatter(logging.Formatter):
         return line
 
 
+# The level names husk-cri takes: Python's, plus the spellings containerd and CRI-O configs use.
+LEVELS = {"trace": "DEBUG", "debug": "DEBUG", "info": "INFO", "warn": "WARNING", "warning": "WARNING",
+          "error": "ERROR", "fatal": "CRITICAL", "panic": "CRITICAL"}
+
+
 def setup(level: str, fmt: str = "json", stream: object = None) -> None:
     handler = logging.StreamHandler(stream or sys.stderr)  # type: ignore[arg-type]
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
@@ -51,4 +56,4 @@ def setup(level: str, fmt: str = "json", stream: object = None) -> None:
     for h in list(root.handlers):
         root.removeHandler(h)
     root.addHandler(handler)
-    root.setLevel(level.upper())
+    root.setLevel(LEVELS[level.lower()])

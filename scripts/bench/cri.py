@@ -6,7 +6,7 @@ Per runtime, N rounds (alternating between the runtimes): RunPodSandbox; CreateC
 busybox `sleep 3600`; StopPodSandbox+RemovePodSandbox of that pod. Medians (and min/max) in ms. Then memory:
 the daemon's RSS/PSS with 0 pods and with P pods (one sleeping container each), and the shims' PSS.
 
-Usage: scripts/bench/cri [--rounds 20] [--pods 20] [--out DIR] [--runtime in-process|runc]
+Usage: scripts/bench/cri [--rounds 20] [--pods 20] [--out DIR] [--runtime in-process|runc] [--log-level warn]
 """
 from __future__ import annotations
 
@@ -164,7 +164,8 @@ class Driver:
         self.im = rpc.ImageServiceStub(self.channel)
         self.cgroup_parent = cgroup_parent
         self.log_root = log_root
-        self.times: dict[str, list[float]] = {"run": [], "create_start": [], "stop_remove": []}
+        self.times: dict[str, list[float]] = {"run": [], "create": [], "start": [], "create_start": [],
+                                              "stop_remove": []}
 
     def pull(self, ref: str) -> None:
         from cri_server.api.v1 import api_pb2 as pb
@@ -190,10 +191,13 @@ class Driver:
         cc.linux.security_context.namespace_options.pid = pb.CONTAINER
         cid = self.rt.CreateContainer(pb.CreateContainerRequest(pod_sandbox_id=pod_id, config=cc,
                                                                 sandbox_config=cfg), timeout=120).container_id
+        t_created = time.perf_counter()
         self.rt.StartContainer(pb.StartContainerRequest(container_id=cid), timeout=120)
         t2 = time.perf_counter()
         if record:
             self.times["run"].append((t1 - t0) * 1e3)
+            self.times["create"].append((t_created - t1) * 1e3)
+            self.times["start"].append((t2 - t_created) * 1e3)
             self.times["create_start"].append((t2 - t1) * 1e3)
         return pod_id
 
@@ -220,6 +224,8 @@ def main() -> int:
                                                   f"husk-bench-cri-{time.strftime('%Y%m%dT%H%M%S')}"))
     ap.add_argument("--runtime", default="in-process", help="husk-cri's runtime: in-process (husk) or runc")
     ap.add_argument("--skip-containerd", action="store_true")
+    ap.add_argument("--log-level", default="warn",
+                    help="husk-cri's log level (containerd runs at warn here: the same by default)")
     a = ap.parse_args()
     # A SIGTERM (e.g. from `timeout`) must still run the cleanup below: raise instead of dying.
     for sig in (signal.SIGTERM, signal.SIGHUP):
@@ -249,7 +255,8 @@ def main() -> int:
         for h in MIRRORED:
             write_hosts_toml(certs, h, f"http://{reg.addr}")
         husk_net = PodNetwork(os.path.join(a.out, "husk-net"))
-        husk = CriDaemon(os.path.join(a.out, "husk"), husk_net, certs, SANDBOX_IMAGE, runtime=a.runtime)
+        husk = CriDaemon(os.path.join(a.out, "husk"), husk_net, certs, SANDBOX_IMAGE, runtime=a.runtime,
+                         log_level=a.log_level)
         husk.start()
         drivers.append(Driver("husk-cri", husk.socket, f"/hcb-husk-{tag}", os.path.join(a.out, "logs")))
         if not a.skip_containerd:
@@ -329,7 +336,8 @@ def _table(r: dict) -> str:
     names = list(lat)
     lines = [f"| ms, median (min-max) of {r['rounds']} | " + " | ".join(names) + " |",
              "|---|" + "---|" * len(names)]
-    for key, label in (("run", "RunPodSandbox"), ("create_start", "CreateContainer+StartContainer"),
+    for key, label in (("run", "RunPodSandbox"), ("create", "CreateContainer"), ("start", "StartContainer"),
+                       ("create_start", "CreateContainer+StartContainer"),
                        ("stop_remove", "StopPodSandbox+RemovePodSandbox")):
         cells = [f"{lat[n][key]['median']} ({lat[n][key]['min']}-{lat[n][key]['max']})" for n in names]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")

@@ -87,7 +87,7 @@ class CriDaemon:
 
     def __init__(self, base: str, network: PodNetwork, registry_config_dir: str, sandbox_image: str,
                  runtime: str = os.environ.get("HUSK_TEST_CRI_RUNTIME", "in-process"),
-                 extra_config: str = "") -> None:
+                 extra_config: str = "", log_level: str = "debug") -> None:
         """`extra_config`: TOML appended to the config file (sections the base file does not have)."""
         self.tag = uuid.uuid4().hex[:8]
         self.base = base
@@ -106,7 +106,7 @@ class CriDaemon:
         os.makedirs(base, exist_ok=True)
         with open(self.config_path, "w") as f:
             f.write("\n".join([
-                "[server]", f'listen = "{self.socket}"', 'log_level = "debug"', 'log_format = "text"',
+                "[server]", f'listen = "{self.socket}"', f'log_level = "{log_level}"', 'log_format = "text"',
                 "[paths]", f'root = "{self.root}"', f'state = "{self.state}"',
                 "[runtime]", f'runtime = "{runtime}"', f'runtime_root = "{self.runtime_root}"',
                 f'sandbox_image = "{sandbox_image}"',

@@ -66,6 +66,7 @@ def test_socket_path_forms():
     ('[runtime]\ncgroup_driver = "systemd"\n', "runtime.cgroup_driver"),
     ('[runtime.handlers]\n"" = "runc"\n', "runtime.handlers"),
     ('[paths]\nroot = "var/lib"\n', "paths.root"),
+    ('[server]\nlog_level = "verbose"\n', "server.log_level"),
     ('[streaming]\ntls_cert_file = "/c.pem"\n', "streaming.tls_key_file"),
     ('[streaming]\ntls_key_file = "/k.pem"\n', "streaming.tls_cert_file"),
     ('[streaming]\ntls_ca_file = "/ca.pem"\n', "streaming.tls_ca_file"),
@@ -116,3 +117,28 @@ def test_handlers_table(tmp_path):
     f = tmp_path / "c.toml"
     f.write_text('[runtime.handlers]\nrunc = "/usr/bin/runc"\ncrun = "crun"\n')
     assert cfg.load(str(f)).runtime.handlers == {"runc": "/usr/bin/runc", "crun": "crun"}
+
+
+@pytest.mark.parametrize("name,level", [("warn", "WARNING"), ("WARNING", "WARNING"), ("trace", "DEBUG"),
+                                        ("info", "INFO"), ("fatal", "CRITICAL")])
+def test_log_levels_as_containerd_and_crio_spell_them(tmp_path, name, level):
+    import io
+    import logging
+
+    from cri_server import logs
+    f = tmp_path / "c.toml"
+    f.write_text(f'[server]\nlog_level = "{name}"\n')
+    c = cfg.load(str(f))
+    root = logging.getLogger()
+    saved = (root.level, list(root.handlers))
+    try:
+        logs.setup(c.server.log_level, "text", io.StringIO())
+        assert logging.getLevelName(root.level) == level
+    finally:
+        for h in list(root.handlers):
+            root.removeHandler(h)
+        for h in saved[1]:
+            root.addHandler(h)
+        root.setLevel(saved[0])
+    out = CliRunner().invoke(main, ["--log-level", name, "config", "show"])
+    assert out.exit_code == 0, out.output
