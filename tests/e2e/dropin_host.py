@@ -14,35 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runtime.linux import syscalls
+from tests.support.mountinfo import mounts_under
 
 log = logging.getLogger(__name__)
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
-
-
-def _unescape_mountinfo(field: str) -> str:
-    # mountinfo escapes space, tab, newline and backslash as octal.
-    out, i = [], 0
-    while i < len(field):
-        if field[i] == "\\" and i + 3 < len(field) and field[i + 1:i + 4].isdigit():
-            out.append(chr(int(field[i + 1:i + 4], 8)))
-            i += 4
-        else:
-            out.append(field[i])
-            i += 1
-    return "".join(out)
-
-
-def mount_points() -> list[str]:
-    """Every mount point in this process's mount namespace, in mount order."""
-    with open("/proc/self/mountinfo") as f:
-        return [_unescape_mountinfo(line.split()[4]) for line in f if line.strip()]
-
-
-def mounts_under(prefix: str | Path) -> list[str]:
-    """Mount points at or below prefix (string prefix on a path boundary)."""
-    p = str(prefix).rstrip("/")
-    return [m for m in mount_points() if m == p or m.startswith(p + "/")]
 
 
 def unmount_all_under(prefix: str | Path) -> list[str]:

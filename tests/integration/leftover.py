@@ -5,38 +5,16 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-
-def _unescape(field: str) -> str:
-    """mountinfo escapes space, tab, newline and backslash as \\ooo."""
-    out, i = [], 0
-    while i < len(field):
-        if field[i] == "\\" and i + 4 <= len(field) and field[i + 1:i + 4].isdigit():
-            out.append(chr(int(field[i + 1:i + 4], 8)))
-            i += 4
-        else:
-            out.append(field[i])
-            i += 1
-    return "".join(out)
-
-
-def _mountinfo() -> list[list[str]]:
-    with open("/proc/self/mountinfo") as f:
-        return [line.split() for line in f]
-
-
-def mounts_under(prefix: str | Path) -> list[str]:
-    """Mount points at or below `prefix` in the test's (the host's) mount namespace."""
-    p = str(prefix).rstrip("/")
-    return [mp for mp in (_unescape(f[4]) for f in _mountinfo()) if mp == p or mp.startswith(p + "/")]
+from tests.support.mountinfo import entries, mounts_under, unescape
 
 
 def cgroup_hierarchies() -> list[str]:
     """Mount points of every cgroup v1 hierarchy and of cgroup2 (hybrid hosts have both)."""
     out = []
-    for f in _mountinfo():
+    for f in entries():
         sep = f.index("-")
         if f[sep + 1] in ("cgroup", "cgroup2"):
-            out.append(_unescape(f[4]))
+            out.append(unescape(f[4]))
     return out
 
 
