@@ -114,8 +114,10 @@ class TaskService:
 
     def _proc(self, cid: str, exec_id: str) -> Proc:
         self._check_id(cid)
-        if self.init is None:
-            raise w.TtrpcError(w.NOT_FOUND, f"container {cid!r}: task not created")
+        if self.init is None or self.deleted:
+            # after Delete of the init the task is gone, as in containerd-shim-runc-v2 ("container not created")
+            raise w.TtrpcError(w.NOT_FOUND, f"container {cid!r}: task not created"
+                               + (" (deleted)" if self.deleted else ""))
         if not exec_id:
             return self.init
         p = self.execs.get(exec_id)

@@ -56,6 +56,11 @@ def test_create_start_wait_delete_shutdown(tmp_path, shim):
         assert c.Wait(id=shim.cid).exit_status == 3
         d = c.Delete(id=shim.cid)
         assert (d.pid, d.exit_status) == (pid, 3)
+        # the task is gone once deleted, as containerd-shim-runc-v2 answers
+        for call in (lambda: c.State(id=shim.cid), lambda: c.Delete(id=shim.cid), lambda: c.Pids(id=shim.cid)):
+            with pytest.raises(w.TtrpcError) as e:
+                call()
+            assert e.value.code == w.NOT_FOUND
         c.Shutdown(id=shim.cid)
     shim.proc.wait(10)
     assert shim.proc.returncode == 0
