@@ -14,6 +14,7 @@ import tempfile
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -129,3 +130,13 @@ def _remove_parent_cgroups() -> Any:
             d.rmdir()
         except OSError:
             pass
+
+
+@pytest.fixture
+def public_dir() -> Iterator[Path]:
+    """A directory that ids mapped into a user namespace (or other unprivileged ids) can reach: pytest's tmp
+    dirs are 0700 root."""
+    d = tempfile.mkdtemp(prefix="rtit-public-")
+    os.chmod(d, 0o755)
+    yield Path(d)
+    shutil.rmtree(d, ignore_errors=True)

@@ -8,7 +8,6 @@ import json
 import os
 import shutil
 import subprocess
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -177,15 +176,6 @@ def test_nested_user_namespace_cannot_mount_a_bare_proc(name, pivot, request, ma
 
 # --- exec joins every namespace ------------------------------------------------------------------------
 NS_KINDS = ("mnt", "uts", "ipc", "net", "pid", "pid_for_children", "cgroup", "user", "time", "time_for_children")
-
-
-@pytest.fixture
-def public_dir():
-    """A directory ids mapped into a user namespace can reach (pytest's tmp dirs are 0700 root)."""
-    d = tempfile.mkdtemp(prefix="rtit-flags-")
-    os.chmod(d, 0o755)
-    yield Path(d)
-    shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.mark.parametrize("userns", [False, True], ids=["no-userns", "userns"])

@@ -31,15 +31,6 @@ def _mapped(c: dict, size: int = 65536) -> None:
     c["root"]["readonly"] = False
 
 
-@pytest.fixture
-def public_dir():
-    """A directory the mapped ids can reach (pytest's tmp dirs are 0700 root)."""
-    d = tempfile.mkdtemp(prefix="rtit-userns-")
-    os.chmod(d, 0o755)
-    yield Path(d)
-    shutil.rmtree(d, ignore_errors=True)
-
-
 def _bundle_in(public: Path, bundle: Path, owner: int | None = None) -> Path:
     dest = public / bundle.name
     shutil.move(str(bundle), dest)
