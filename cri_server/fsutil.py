@@ -11,12 +11,9 @@ import os
 import shutil
 
 from runtime.linux import syscalls
+from runtime.mountinfo import unescape
 
 log = logging.getLogger(__name__)
-
-
-def _unescape(path: str) -> str:
-    return path.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
 
 
 def mounts_under(path: str) -> list[str]:
@@ -28,7 +25,7 @@ def mounts_under(path: str) -> list[str]:
             parts = line.split()
             if len(parts) < 5:
                 continue
-            mnt = _unescape(parts[4])
+            mnt = unescape(parts[4])
             if mnt == path or mnt.startswith(path + "/"):
                 out.append(mnt)
     return sorted(set(out), key=lambda p: p.count("/"), reverse=True)

@@ -551,13 +551,14 @@ def _hide_host_proc_sys(rootfs: str) -> None:
     runc's msMoveRoot does before --no-pivot's MS_MOVE + chroot. Without pivot_root the host's mounts stay in
     the container's mount namespace, and a full, unmasked procfs there lets a nested user namespace mount a
     fresh procfs (the kernel allows it when one is already fully visible) past maskedPaths and readonlyPaths."""
+    from runtime.mountinfo import unescape
     inside = os.path.realpath(rootfs).rstrip("/") + "/"
     points = []
     with open("/proc/self/mountinfo") as f:
         for line in f:
             left, _, right = line.partition(" - ")
             fields = left.split()
-            point = _unescape_mountinfo(fields[4])
+            point = unescape(fields[4])
             if fields[3] == "/" and right.split()[0] in ("proc", "sysfs") and not (point + "/").startswith(inside):
                 points.append(point)
     for point in points:
@@ -573,20 +574,6 @@ def _hide_host_proc_sys(rootfs: str) -> None:
             continue  # below a mount detached already
         except OSError as e:
             raise SetupError(f"--no-pivot: hide the host's {point}: {e.strerror}") from None
-
-
-def _unescape_mountinfo(field: str) -> str:
-    """mountinfo writes space, tab, newline and backslash as a backslash and three octal digits."""
-    out, i = bytearray(), 0
-    raw = field.encode(errors="surrogateescape")
-    while i < len(raw):
-        if raw[i] == 0x5C and raw[i + 1:i + 4].isdigit() and len(raw[i + 1:i + 4]) == 3:
-            out.append(int(raw[i + 1:i + 4], 8))
-            i += 4
-        else:
-            out.append(raw[i])
-            i += 1
-    return out.decode(errors="surrogateescape")
 
 
 # --- after pivot_root: paths are the container's own ---------------------------------------------

@@ -149,7 +149,11 @@ def launch_fresh(cfg: ShimConfig, listener: socket.socket, log_fd: int, debug: b
                 # the in-process runtime's stages enter the container: start the shim from the protected
                 # interpreter (runtime/exeguard.py) once, rather than re-executing in every create and exec
                 from runtime import exeguard
-                exe = exeguard.protected_exe()
+                from runtime.errors import SetupError
+                try:
+                    exe = exeguard.protected_exe()
+                except SetupError as e:  # then each create and exec re-executes protected instead
+                    log.warning("shim %s: no protected interpreter: %s", cfg.id, e)
             os.execve(exe, [sys.executable, "-I", "-S", "-c", _BOOT] + argv, os.environ)
         finally:
             os._exit(127)

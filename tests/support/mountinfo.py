@@ -3,18 +3,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from runtime.mountinfo import unescape
 
-def unescape(field: str) -> str:
-    """mountinfo escapes space, tab, newline and backslash as \\ooo (three octal digits)."""
-    out, i = [], 0
-    while i < len(field):
-        if field[i] == "\\" and i + 4 <= len(field) and field[i + 1:i + 4].isdigit():
-            out.append(chr(int(field[i + 1:i + 4], 8)))
-            i += 4
-        else:
-            out.append(field[i])
-            i += 1
-    return "".join(out)
+__all__ = ["entries", "mount_points", "mounts_under", "unescape"]
 
 
 def entries() -> list[list[str]]:
