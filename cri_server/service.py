@@ -17,7 +17,8 @@ from cri_server.api.v1 import api_pb2_grpc
 from cri_server.context import Services
 from cri_server.errors import CriError, Unimplemented
 from cri_server.rpc import (container_create, container_exec, container_lifecycle, container_status, events,
-                            images, runtime_info, sandbox_run, sandbox_status, sandbox_stop, stats, streaming)
+                            images, metrics, runtime_info, sandbox_run, sandbox_status, sandbox_stop, stats,
+                            streaming)
 
 log = logging.getLogger("cri_server.rpc")
 
@@ -30,9 +31,6 @@ PENDING_RUNTIME = {
     "StreamContainerStats": "not supported; kubelet falls back to ListContainerStats",
     "StreamPodSandboxStats": "not supported; kubelet falls back to ListPodSandboxStats",
     "CheckpointContainer": "container checkpointing is not supported",
-    "ListMetricDescriptors": "CRI metrics are not supported",
-    "ListPodSandboxMetrics": "CRI metrics are not supported",
-    "StreamPodSandboxMetrics": "CRI metrics are not supported",
 }
 PENDING_IMAGE = {
     "StreamImages": "not supported; kubelet falls back to ListImages",
@@ -113,6 +111,9 @@ class RuntimeServicer(api_pb2_grpc.RuntimeServiceServicer):
     ListContainerStats = _bind("ListContainerStats", stats.list_container_stats)
     PodSandboxStats = _bind("PodSandboxStats", stats.pod_sandbox_stats)
     ListPodSandboxStats = _bind("ListPodSandboxStats", stats.list_pod_sandbox_stats)
+    ListMetricDescriptors = _bind("ListMetricDescriptors", metrics.list_metric_descriptors)
+    ListPodSandboxMetrics = _bind("ListPodSandboxMetrics", metrics.list_pod_sandbox_metrics)
+    StreamPodSandboxMetrics = _bind_stream("StreamPodSandboxMetrics", metrics.stream_pod_sandbox_metrics)
     GetContainerEvents = _bind_stream("GetContainerEvents", events.get_container_events)
 
 

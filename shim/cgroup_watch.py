@@ -102,10 +102,9 @@ def metrics(paths: CgroupPaths) -> cgroups_v1.Metrics:
     if mem:
         st = _kv(os.path.join(mem, "memory.stat"))
         ms = cgroups_v1.MemoryStat(**{_V1_MEMSTAT_FIELDS[k]: st.get(k, 0) for k in _V1_MEMSTAT})
-        ms.usage = cgroups_v1.MemoryEntry(limit=_int(os.path.join(mem, "memory.limit_in_bytes")),
-                                          usage=_int(os.path.join(mem, "memory.usage_in_bytes")),
-                                          max=_int(os.path.join(mem, "memory.max_usage_in_bytes")),
-                                          failcnt=_int(os.path.join(mem, "memory.failcnt")))
+        ms.usage = _v1_entry(os.path.join(mem, "memory."))
+        if os.path.exists(os.path.join(mem, "memory.memsw.usage_in_bytes")):
+            ms.swap = _v1_entry(os.path.join(mem, "memory.memsw."))   # memory + swap, as on v1
         m.memory = ms
         oc = _kv(os.path.join(mem, "memory.oom_control"))
         m.memory_oom_control = cgroups_v1.MemoryOomControl(oom_kill_disable=oc.get("oom_kill_disable", 0),
@@ -121,7 +120,9 @@ def metrics(paths: CgroupPaths) -> cgroups_v1.Metrics:
             inactive_file=st.get("inactive_file", 0), active_file=st.get("active_file", 0),
             unevictable=st.get("unevictable", 0), total_inactive_file=st.get("inactive_file", 0),
             usage=cgroups_v1.MemoryEntry(limit=_int(os.path.join(paths.v2, "memory.max")),
-                                         usage=_int(os.path.join(paths.v2, "memory.current"))))
+                                         usage=_int(os.path.join(paths.v2, "memory.current")),
+                                         max=_int(os.path.join(paths.v2, "memory.peak"))))
+        m.memory.swap = _v2_swap(paths.v2, m.memory.usage)
         ev = _kv(os.path.join(paths.v2, "memory.events"))
         m.memory_oom_control = cgroups_v1.MemoryOomControl(oom_kill=ev.get("oom_kill", 0))
     acct = paths.v1.get("cpuacct")
@@ -145,11 +146,63 @@ def metrics(paths: CgroupPaths) -> cgroups_v1.Metrics:
                                                throttled_periods=cs.get("nr_throttled", 0),
                                                throttled_time=cs.get("throttled_time",
                                                                      cs.get("throttled_usec", 0) * 1000))
+    m.blkio = _blkio(paths)
     pd = paths.dir_for("pids")
     if pd:
         m.pids = cgroups_v1.PidsStat(current=_int(os.path.join(pd, "pids.current")),
                                      limit=_int(os.path.join(pd, "pids.max")))
     return m
+
+
+def _v1_entry(prefix: str) -> cgroups_v1.MemoryEntry:
+    """memory.* or memory.memsw.* counters."""
+    return cgroups_v1.MemoryEntry(limit=_int(prefix + "limit_in_bytes"), usage=_int(prefix + "usage_in_bytes"),
+                                  max=_int(prefix + "max_usage_in_bytes"), failcnt=_int(prefix + "failcnt"))
+
+
+def _v2_swap(d: str, mem: cgroups_v1.MemoryEntry) -> cgroups_v1.MemoryEntry | None:
+    """Swap as v1's memsw (memory + swap, as runc reports it), from memory.swap.*; limit 0: no limit."""
+    cur = _read(os.path.join(d, "memory.swap.current"))
+    if cur is None:
+        return None
+    raw = (_read(os.path.join(d, "memory.swap.max")) or "max").strip()
+    limit = mem.limit + int(raw) if mem.limit and raw.isdigit() else 0
+    return cgroups_v1.MemoryEntry(usage=mem.usage + int(cur.strip() or 0), limit=limit)
+
+
+def _blkio(paths: CgroupPaths) -> cgroups_v1.BlkIOStat | None:
+    """Bytes and operations per device: v1 blkio.throttle.*_recursive (filled on every scheduler), v2 io.stat."""
+    d = paths.v1.get("blkio")
+    if d:
+        return cgroups_v1.BlkIOStat(
+            io_service_bytes_recursive=_v1_blkio(os.path.join(d, "blkio.throttle.io_service_bytes_recursive")),
+            io_serviced_recursive=_v1_blkio(os.path.join(d, "blkio.throttle.io_serviced_recursive")))
+    if not paths.v2:
+        return None
+    by, ops = [], []
+    for line in (_read(os.path.join(paths.v2, "io.stat")) or "").splitlines():
+        dev, *kvs = line.split()
+        major, _, minor = dev.partition(":")
+        kv = dict(x.split("=", 1) for x in kvs if "=" in x)
+        if not (major.isdigit() and minor.isdigit()):
+            continue
+        for out, key, op in ((by, "rbytes", "Read"), (by, "wbytes", "Write"), (ops, "rios", "Read"),
+                             (ops, "wios", "Write")):
+            if kv.get(key, "").isdigit():
+                out.append(cgroups_v1.BlkIOEntry(op=op, major=int(major), minor=int(minor), value=int(kv[key])))
+    return cgroups_v1.BlkIOStat(io_service_bytes_recursive=by, io_serviced_recursive=ops)
+
+
+def _v1_blkio(path: str) -> list:
+    out = []
+    for line in (_read(path) or "").splitlines():
+        parts = line.split()       # "8:0 Read 4096"; the last line is "Total N"
+        if len(parts) != 3 or not parts[2].isdigit():
+            continue
+        major, _, minor = parts[0].partition(":")
+        if major.isdigit() and minor.isdigit():
+            out.append(cgroups_v1.BlkIOEntry(op=parts[1], major=int(major), minor=int(minor), value=int(parts[2])))
+    return out
 
 
 _V1_MEMSTAT = ("cache", "rss", "rss_huge", "mapped_file", "dirty", "writeback", "pgpgin", "pgpgout",

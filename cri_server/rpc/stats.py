@@ -1,14 +1,20 @@
-"""ContainerStats, ListContainerStats, PodSandboxStats, ListPodSandboxStats.
+"""ContainerStats, ListContainerStats, PodSandboxStats, ListPodSandboxStats, and the sampling they share with
+the CRI metrics RPCs (rpc/metrics.py).
 
-CPU and memory come from each running task's shim (its cgroup metrics), CPU rate from the previous sample,
-the writable layer from the image service (a walk of the container's upper dir, in a thread), network from
-the pod's namespace (/proc/<pause>/net/dev). Containers that are not running report only their writable layer.
+A sample is one reading per object and call: CPU, memory, pids and block I/O from each running task's shim
+(its cgroup metrics), the writable layer from the image service (a walk of the container's upper dir, in a
+thread), network from the pod's namespace (/proc/<pause>/net/dev), and for metrics process, thread and fd
+counts from /proc. This module turns samples into CRI stats (CPU rate from the previous sample), metrics.py
+into CRI metrics. Containers that are not running report only their writable layer. A shim or file that is
+gone leaves its part out (logged at debug); it never fails the call.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from cri_server.api.v1 import api_pb2 as pb
@@ -21,20 +27,27 @@ log = logging.getLogger(__name__)
 
 # Kernel memory limits this large mean "no limit".
 _UNLIMITED = 1 << 62
+# Two CPU samples closer than this give no new rate (the last one is reported again): kubelet's callers
+# (eviction, summary, resource metrics) ask at their own pace, and a rate over a few ms is noise.
+_MIN_RATE_WINDOW_NS = 1_000_000_000
 
 
 class CpuRates:
     """The previous CPU sample per object, for usage_nano_cores (kubelet's summary API wants a rate)."""
 
-    def __init__(self) -> None:
-        self._last: dict[str, tuple[int, int]] = {}
+    def __init__(self, min_window_ns: int = _MIN_RATE_WINDOW_NS) -> None:
+        self._last: dict[str, tuple[int, int, int | None]] = {}
+        self.min_window_ns = min_window_ns
 
     def rate(self, object_id: str, now_ns: int, total_ns: int) -> int | None:
         prev = self._last.get(object_id)
-        self._last[object_id] = (now_ns, total_ns)
-        if prev is None or now_ns <= prev[0] or total_ns < prev[1]:
-            return None
-        return (total_ns - prev[1]) * 1_000_000_000 // (now_ns - prev[0])
+        if prev is not None and 0 <= now_ns - prev[0] < self.min_window_ns and total_ns >= prev[1]:
+            return prev[2]
+        rate = None
+        if prev is not None and now_ns > prev[0] and total_ns >= prev[1]:
+            rate = (total_ns - prev[1]) * 1_000_000_000 // (now_ns - prev[0])
+        self._last[object_id] = (now_ns, total_ns, rate)
+        return rate
 
     def forget_missing(self, live: set[str]) -> None:
         for k in [k for k in self._last if k not in live]:
@@ -46,6 +59,59 @@ _rates = CpuRates()
 
 def _u64(v: int | None) -> pb.UInt64Value | None:
     return None if v is None else pb.UInt64Value(value=max(int(v), 0))
+
+
+def limited(v: int) -> bool:
+    """A memory limit that is one (kernels write ~2^63 for none)."""
+    return 0 < v < _UNLIMITED
+
+
+# -- samples ----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Interface:
+    """One line of /proc/<pid>/net/dev."""
+    name: str
+    rx_bytes: int
+    rx_packets: int
+    rx_errors: int
+    rx_dropped: int
+    tx_bytes: int
+    tx_packets: int
+    tx_errors: int
+    tx_dropped: int
+
+
+@dataclass(frozen=True)
+class Processes:
+    count: int       # processes in the container's cgroup (cgroup.procs)
+    threads: int     # its tasks: pids.current, else counted in /proc
+    fds: int         # open file descriptors of those processes
+
+
+@dataclass(frozen=True)
+class Layer:
+    mountpoint: str  # the filesystem of the writable layers (kubelet asks cAdvisor about it)
+    bytes: int
+    inodes: int
+
+
+@dataclass
+class ContainerSample:
+    record: ContainerRecord
+    now: int                       # ns since the epoch, right after the cgroup reading
+    metrics: Any = None            # io.containerd.cgroups.v1.Metrics; None: not running or no answer
+    layer: Layer | None = None
+    processes: Processes | None = None
+
+
+@dataclass
+class PodSample:
+    sandbox: SandboxRecord
+    now: int
+    pause: Any = None              # the pause container's cgroup metrics
+    containers: list[ContainerSample] = field(default_factory=list)
+    network: list[Interface] | None = None
 
 
 async def _metrics(svc: Services, object_id: str, address: str) -> Any:
@@ -60,31 +126,18 @@ async def _metrics(svc: Services, object_id: str, address: str) -> Any:
         return None
     if resp.stats is None or not resp.stats.value:
         return None
-    return cgroups_v1.Metrics.decode(resp.stats.value)
+    try:
+        return cgroups_v1.Metrics.decode(resp.stats.value)
+    except ValueError as e:          # shim.protobuf.DecodeError: not io.containerd.cgroups.v1.Metrics
+        log.debug("undecodable stats", extra={"id": object_id, "type_url": resp.stats.type_url, "error": str(e)})
+        return None
 
 
-def cpu_usage(object_id: str, m: Any, now: int) -> pb.CpuUsage:
-    total = m.cpu.usage.total if m is not None and m.cpu is not None and m.cpu.usage is not None else 0
-    return pb.CpuUsage(timestamp=now, usage_core_nano_seconds=_u64(total),
-                       usage_nano_cores=_u64(_rates.rate(object_id, now, total)))
+async def _none() -> None:
+    return None
 
 
-def memory_usage(m: Any, now: int) -> pb.MemoryUsage:
-    mem = m.memory if m is not None else None
-    if mem is None:
-        return pb.MemoryUsage(timestamp=now, working_set_bytes=_u64(0), usage_bytes=_u64(0))
-    usage = mem.usage.usage if mem.usage is not None else 0
-    inactive = mem.total_inactive_file or mem.inactive_file
-    working = usage - inactive if usage > inactive else 0
-    limit = mem.usage.limit if mem.usage is not None else 0
-    available = limit - working if 0 < limit < _UNLIMITED and limit > working else None
-    return pb.MemoryUsage(timestamp=now, working_set_bytes=_u64(working), usage_bytes=_u64(usage),
-                          available_bytes=_u64(available), rss_bytes=_u64(mem.total_rss or mem.rss),
-                          page_faults=_u64(mem.total_pg_fault or mem.pg_fault),
-                          major_page_faults=_u64(mem.total_pg_maj_fault or mem.pg_maj_fault))
-
-
-async def writable_layer(svc: Services, container_id: str, now: int) -> pb.FilesystemUsage | None:
+async def layer_usage(svc: Services, container_id: str) -> Layer | None:
     images = svc.images
     if images is None:
         return None
@@ -93,30 +146,176 @@ async def writable_layer(svc: Services, container_id: str, now: int) -> pb.Files
     except Exception as e:  # noqa: BLE001 -- a snapshot that vanished has no usage; never fail the stats call
         log.debug("no writable layer usage", extra={"id": container_id, "error": str(e)})
         return None
-    return pb.FilesystemUsage(timestamp=now, fs_id=pb.FilesystemIdentifier(mountpoint=images.snapshots.active_dir),
-                              used_bytes=_u64(u.bytes), inodes_used=_u64(u.inodes))
+    return Layer(images.snapshots.active_dir, u.bytes, u.inodes)
 
 
-async def container_stats_of(svc: Services, r: ContainerRecord, m: Any = None, fetch: bool = True) -> pb.ContainerStats:
-    now = time.time_ns()
-    if fetch and r.state == ContainerState.RUNNING:
-        m = await _metrics(svc, r.id, r.shim_address)
+def process_counts(pid: int, tasks: int | None) -> Processes | None:
+    """Processes, threads and open fds of the cgroup `pid` is in (cAdvisor's container_processes,
+    container_threads, container_file_descriptors). `tasks`: pids.current when the shim read it."""
+    from shim import cgroup_watch
+    try:
+        pids = cgroup_watch.pids(cgroup_watch.paths_of(pid))
+    except (OSError, ValueError) as e:
+        log.debug("no process counts", extra={"pid": pid, "error": str(e)})
+        return None
+    if not pids:
+        return None
+    fds = _count_entries(pids, "fd")
+    return Processes(count=len(pids), threads=tasks or _count_entries(pids, "task"), fds=fds)
+
+
+def _count_entries(pids: list[int], sub: str) -> int:
+    n = 0
+    for p in pids:
+        try:
+            n += len(os.listdir(f"/proc/{p}/{sub}"))
+        except OSError:
+            continue                  # exited meanwhile
+    return n
+
+
+async def sample_container(svc: Services, r: ContainerRecord, processes: bool = False) -> ContainerSample:
+    running = r.state == ContainerState.RUNNING
+    m = await _metrics(svc, r.id, r.shim_address) if running else None
+    s = ContainerSample(record=r, now=time.time_ns(), metrics=m)
+    s.layer = await layer_usage(svc, r.id)
+    if processes and m is not None and r.pid:
+        tasks = m.pids.current if m.pids is not None and m.pids.current else None
+        s.processes = await asyncio.to_thread(process_counts, r.pid, tasks)
+    return s
+
+
+def read_net_dev(pid: int) -> list[Interface] | None:
+    """Interface counters of the network namespace `pid` lives in, without lo."""
+    try:
+        with open(f"/proc/{pid}/net/dev") as f:
+            lines = f.readlines()[2:]
+    except OSError as e:
+        log.debug("no network counters", extra={"pid": pid, "error": str(e)})
+        return None
+    out = []
+    for line in lines:
+        name, _, rest = line.partition(":")
+        name = name.strip()
+        v = rest.split()
+        if name == "lo" or len(v) < 16 or not all(x.isdigit() for x in v[:16]):
+            continue
+        # receive: bytes packets errs drop fifo frame compressed multicast; transmit: bytes packets errs drop ...
+        n = [int(x) for x in v[:16]]
+        out.append(Interface(name, rx_bytes=n[0], rx_packets=n[1], rx_errors=n[2], rx_dropped=n[3],
+                             tx_bytes=n[8], tx_packets=n[9], tx_errors=n[10], tx_dropped=n[11]))
+    return out
+
+
+async def sample_pod(svc: Services, sb: SandboxRecord, processes: bool = False) -> PodSample:
+    ready = sb.state == SandboxState.READY
+    containers = [c for c in svc.store.containers_of(sb.id) if not c.extra.get("creating")]
+    pause, samples = await asyncio.gather(
+        _metrics(svc, sb.id, sb.shim_address) if ready else _none(),
+        asyncio.gather(*(sample_container(svc, c, processes) for c in containers)))
+    net = read_net_dev(sb.pid) if ready and sb.netns_path and sb.pid else None
+    return PodSample(sandbox=sb, now=time.time_ns(), pause=pause, containers=list(samples), network=net)
+
+
+# -- memory figures (stats and metrics) -------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Memory:
+    """What kubelet and cAdvisor derive from a cgroup's memory counters (v1 names; the shim maps v2 onto
+    them). limit is 0 when there is none, swap_limit None; swap is None without swap accounting."""
+    usage: int
+    working_set: int
+    limit: int
+    rss: int
+    cache: int
+    mapped_file: int
+    page_faults: int
+    major_page_faults: int
+    failcnt: int
+    max_usage: int
+    swap: int | None
+    swap_limit: int | None
+
+    @property
+    def available(self) -> int | None:
+        return self.limit - self.working_set if self.limit > self.working_set else None
+
+    @property
+    def swap_available(self) -> int | None:
+        if self.swap is None or self.swap_limit is None:
+            return None
+        return max(self.swap_limit - self.swap, 0)
+
+
+def memory_of(m: Any) -> Memory | None:
+    mem = m.memory if m is not None else None
+    if mem is None:
+        return None
+    e = mem.usage
+    usage = e.usage if e is not None else 0
+    inactive = mem.total_inactive_file or mem.inactive_file
+    limit = e.limit if e is not None and limited(e.limit) else 0
+    swap = swap_limit = None
+    if mem.swap is not None and mem.swap.usage:
+        # v1's memsw counts memory + swap (the shim reports v2 the same way).
+        swap = max(mem.swap.usage - usage, 0)
+        swap_limit = max(mem.swap.limit - limit, 0) if limit and limited(mem.swap.limit) else None
+    return Memory(usage=usage, working_set=usage - inactive if usage > inactive else 0, limit=limit,
+                  rss=mem.total_rss or mem.rss, cache=mem.total_cache or mem.cache,
+                  mapped_file=mem.total_mapped_file or mem.mapped_file,
+                  page_faults=mem.total_pg_fault or mem.pg_fault,
+                  major_page_faults=mem.total_pg_maj_fault or mem.pg_maj_fault,
+                  failcnt=e.failcnt if e is not None else 0, max_usage=e.max if e is not None else 0,
+                  swap=swap, swap_limit=swap_limit)
+
+
+# -- samples to CRI stats ---------------------------------------------------------------------------------
+
+def cpu_usage(object_id: str, m: Any, now: int) -> pb.CpuUsage:
+    total = m.cpu.usage.total if m is not None and m.cpu is not None and m.cpu.usage is not None else 0
+    # No reading (the shim did not answer) must not become a sample, or the next rate would be the whole total.
+    return pb.CpuUsage(timestamp=now, usage_core_nano_seconds=_u64(total),
+                       usage_nano_cores=_u64(_rates.rate(object_id, now, total) if total else None))
+
+
+def memory_usage(m: Any, now: int) -> pb.MemoryUsage:
+    f = memory_of(m)
+    if f is None:
+        return pb.MemoryUsage(timestamp=now, working_set_bytes=_u64(0), usage_bytes=_u64(0))
+    return pb.MemoryUsage(timestamp=now, working_set_bytes=_u64(f.working_set), usage_bytes=_u64(f.usage),
+                          available_bytes=_u64(f.available), rss_bytes=_u64(f.rss),
+                          page_faults=_u64(f.page_faults), major_page_faults=_u64(f.major_page_faults))
+
+
+def swap_usage(m: Any, now: int) -> pb.SwapUsage | None:
+    f = memory_of(m)
+    if f is None or f.swap is None:
+        return None
+    return pb.SwapUsage(timestamp=now, swap_usage_bytes=_u64(f.swap), swap_available_bytes=_u64(f.swap_available))
+
+
+def container_stats_from(s: ContainerSample) -> pb.ContainerStats:
+    r = s.record
     st = pb.ContainerStats(attributes=pb.ContainerAttributes(
         id=r.id, metadata=pb.ContainerMetadata(name=r.container_name, attempt=r.attempt),
         labels=r.labels, annotations=r.annotations))
     if r.state == ContainerState.RUNNING:
-        st.cpu.CopyFrom(cpu_usage(r.id, m, now))
-        st.memory.CopyFrom(memory_usage(m, now))
-    layer = await writable_layer(svc, r.id, now)
-    if layer is not None:
-        st.writable_layer.CopyFrom(layer)
+        st.cpu.CopyFrom(cpu_usage(r.id, s.metrics, s.now))
+        st.memory.CopyFrom(memory_usage(s.metrics, s.now))
+        swap = swap_usage(s.metrics, s.now)
+        if swap is not None:
+            st.swap.CopyFrom(swap)
+    if s.layer is not None:
+        st.writable_layer.CopyFrom(pb.FilesystemUsage(
+            timestamp=s.now, fs_id=pb.FilesystemIdentifier(mountpoint=s.layer.mountpoint),
+            used_bytes=_u64(s.layer.bytes), inodes_used=_u64(s.layer.inodes)))
     return st
 
 
 async def container_stats(svc: Services, req: pb.ContainerStatsRequest) -> pb.ContainerStatsResponse:
-    """ContainerStats returns cpu, memory and writable-layer usage of one container; NotFound if unknown."""
+    """ContainerStats returns cpu, memory, swap and writable-layer usage of one container; NotFound if unknown."""
     r = svc.store.get_container(req.container_id)
-    return pb.ContainerStatsResponse(stats=await container_stats_of(svc, r))
+    return pb.ContainerStatsResponse(stats=container_stats_from(await sample_container(svc, r)))
 
 
 async def list_container_stats(svc: Services, req: pb.ListContainerStatsRequest) -> pb.ListContainerStatsResponse:
@@ -125,77 +324,75 @@ async def list_container_stats(svc: Services, req: pb.ListContainerStatsRequest)
     flt = ContainerFilter(id=f.id, sandbox_id=f.pod_sandbox_id, label_selector=dict(f.label_selector)) \
         if req.HasField("filter") else ContainerFilter()
     recs = [r for r in svc.store.list_containers(flt) if not r.extra.get("creating")]
-    stats = await asyncio.gather(*(container_stats_of(svc, r) for r in recs))
+    samples = await asyncio.gather(*(sample_container(svc, r) for r in recs))
     _rates.forget_missing({r.id for r in svc.store.list_containers()} | {s.id for s in svc.store.list_sandboxes()})
-    return pb.ListContainerStatsResponse(stats=stats)
+    return pb.ListContainerStatsResponse(stats=[container_stats_from(s) for s in samples])
 
 
-def network_usage(pid: int, now: int) -> pb.NetworkUsage | None:
-    """Interface counters of the namespace `pid` lives in (eth0 is the pod's default interface)."""
-    try:
-        with open(f"/proc/{pid}/net/dev") as f:
-            lines = f.readlines()[2:]
-    except OSError:
-        return None
+def network_from(ifaces: list[Interface], now: int) -> pb.NetworkUsage:
+    """eth0 is the pod's default interface (CNI's name for it); every interface is listed."""
     out = pb.NetworkUsage(timestamp=now)
-    for line in lines:
-        name, _, rest = line.partition(":")
-        name = name.strip()
-        v = rest.split()
-        if name == "lo" or len(v) < 16:
-            continue
-        iface = pb.NetworkInterfaceUsage(name=name, rx_bytes=_u64(int(v[0])), rx_errors=_u64(int(v[2])),
-                                         tx_bytes=_u64(int(v[8])), tx_errors=_u64(int(v[10])))
-        if name == "eth0":
+    for i in ifaces:
+        iface = pb.NetworkInterfaceUsage(name=i.name, rx_bytes=_u64(i.rx_bytes), rx_errors=_u64(i.rx_errors),
+                                         tx_bytes=_u64(i.tx_bytes), tx_errors=_u64(i.tx_errors))
+        if i.name == "eth0":
             out.default_interface.CopyFrom(iface)
         out.interfaces.append(iface)
     return out
 
 
-async def sandbox_stats_of(svc: Services, sb: SandboxRecord) -> pb.PodSandboxStats:
-    now = time.time_ns()
-    containers = [c for c in svc.store.containers_of(sb.id) if not c.extra.get("creating")]
-    pause_m = await _metrics(svc, sb.id, sb.shim_address) if sb.state == SandboxState.READY else None
-    metrics = await asyncio.gather(*(_metrics(svc, c.id, c.shim_address) if c.state == ContainerState.RUNNING
-                                     else _none() for c in containers))
+def network_usage(pid: int, now: int) -> pb.NetworkUsage | None:
+    """Interface counters of the namespace `pid` lives in."""
+    ifaces = read_net_dev(pid)
+    return None if ifaces is None else network_from(ifaces, now)
+
+
+def sandbox_stats_from(p: PodSample) -> pb.PodSandboxStats:
+    sb, now = p.sandbox, p.now
     linux = pb.LinuxPodSandboxStats()
-    linux.containers.extend(await asyncio.gather(*(container_stats_of(svc, c, m, fetch=False)
-                                                   for c, m in zip(containers, metrics))))
+    linux.containers.extend(container_stats_from(c) for c in p.containers)
     # The pod's usage: the pause container plus every running container (each has its own cgroup).
-    total_cpu = total_mem = total_ws = 0
-    count = 0
-    for m in [pause_m, *metrics]:
+    total_cpu = count = 0
+    mem = dict.fromkeys(("usage", "working_set", "rss", "page_faults", "major_page_faults"), 0)
+    available: int | None = 0
+    for m, is_pause in [(p.pause, True), *((c.metrics, False) for c in p.containers)]:
         if m is None:
             continue
         if m.cpu is not None and m.cpu.usage is not None:
             total_cpu += m.cpu.usage.total
-        mu = memory_usage(m, now)
-        total_mem += mu.usage_bytes.value
-        total_ws += mu.working_set_bytes.value
+        f = memory_of(m)
+        if f is not None:
+            for k in mem:
+                mem[k] += getattr(f, k)
+            if not is_pause:      # the pod has headroom left only if every container has a limit
+                available = None if available is None or f.available is None else available + f.available
         if m.pids is not None:
             count += m.pids.current
     linux.cpu.CopyFrom(pb.CpuUsage(timestamp=now, usage_core_nano_seconds=_u64(total_cpu),
-                                   usage_nano_cores=_u64(_rates.rate(sb.id, now, total_cpu))))
-    linux.memory.CopyFrom(pb.MemoryUsage(timestamp=now, working_set_bytes=_u64(total_ws),
-                                         usage_bytes=_u64(total_mem)))
+                                   usage_nano_cores=_u64(_rates.rate(sb.id, now, total_cpu) if total_cpu
+                                                         else None)))
+    has_containers = any(c.metrics is not None and c.metrics.memory is not None for c in p.containers)
+    linux.memory.CopyFrom(pb.MemoryUsage(
+        timestamp=now, working_set_bytes=_u64(mem["working_set"]), usage_bytes=_u64(mem["usage"]),
+        rss_bytes=_u64(mem["rss"]), page_faults=_u64(mem["page_faults"]),
+        major_page_faults=_u64(mem["major_page_faults"]), available_bytes=_u64(available if has_containers
+                                                                                else None)))
     linux.process.CopyFrom(pb.ProcessUsage(timestamp=now, process_count=_u64(count)))
-    if sb.state == SandboxState.READY and sb.netns_path and sb.pid:
-        net = network_usage(sb.pid, now)
-        if net is not None:
-            linux.network.CopyFrom(net)
+    if p.network is not None:
+        linux.network.CopyFrom(network_from(p.network, now))
     md = pb.PodSandboxMetadata(name=sb.pod_name, uid=sb.pod_uid, namespace=sb.pod_namespace, attempt=sb.attempt)
     return pb.PodSandboxStats(attributes=pb.PodSandboxAttributes(id=sb.id, metadata=md, labels=sb.labels,
                                                                  annotations=sb.annotations), linux=linux)
 
 
-async def _none() -> None:
-    return None
-
-
 async def pod_sandbox_stats(svc: Services, req: pb.PodSandboxStatsRequest) -> pb.PodSandboxStatsResponse:
     """PodSandboxStats returns the pod's cpu, memory, process count, network and its containers' stats."""
     sb = svc.store.get_sandbox(req.pod_sandbox_id)
-    return pb.PodSandboxStatsResponse(stats=await sandbox_stats_of(svc, sb))
+    return pb.PodSandboxStatsResponse(stats=sandbox_stats_from(await sample_pod(svc, sb)))
+
+
+def ready_sandboxes(svc: Services, flt: SandboxFilter | None = None) -> list[SandboxRecord]:
+    return [s for s in svc.store.list_sandboxes(flt or SandboxFilter()) if s.state == SandboxState.READY]
 
 
 async def list_pod_sandbox_stats(svc: Services,
@@ -204,5 +401,5 @@ async def list_pod_sandbox_stats(svc: Services,
     f = req.filter
     flt = SandboxFilter(id=f.id, label_selector=dict(f.label_selector)) if req.HasField("filter") \
         else SandboxFilter()
-    sbs = [s for s in svc.store.list_sandboxes(flt) if s.state == SandboxState.READY]
-    return pb.ListPodSandboxStatsResponse(stats=await asyncio.gather(*(sandbox_stats_of(svc, s) for s in sbs)))
+    samples = await asyncio.gather(*(sample_pod(svc, s) for s in ready_sandboxes(svc, flt)))
+    return pb.ListPodSandboxStatsResponse(stats=[sandbox_stats_from(p) for p in samples])
