@@ -39,6 +39,8 @@ def _effective(ctx: click.Context) -> cfg.Config:
 @click.option("--stream-tls-ca", metavar="FILE", help="PEM CA: streaming clients must present a certificate it "
                                                       "signed.")
 @click.option("--runtime", metavar="BINARY", help="OCI runtime of the default handler, or in-process.")
+@click.option("--systemd-cgroup/--no-systemd-cgroup", "systemd_cgroup", default=None,
+              help="Cgroup driver: systemd (kubelet's cgroupDriver: systemd) or cgroupfs (the default).")
 @click.option("--log-level", type=click.Choice(list(LEVELS), case_sensitive=False))
 @click.pass_context
 def main(ctx: click.Context, config_path: str | None, **overrides: Any) -> None:
@@ -81,11 +83,30 @@ def config_show(ctx: click.Context) -> None:
 @main.command("setup")
 @click.option("--catatonit", default="/usr/bin/catatonit", show_default=True, metavar="PATH",
               help="Static init binary the sandbox image is built from when it is missing.")
+@click.option("--systemd-unit", is_flag=True,
+              help="Also write husk-cri.service running this husk-cri with this command's --config and flags "
+                   "(and systemctl daemon-reload when systemd runs).")
+@click.option("--unit-dir", default="/etc/systemd/system", show_default=True, metavar="DIR",
+              help="Where --systemd-unit writes the unit.")
+@click.option("--enable", is_flag=True, help="With --systemd-unit: enable the unit (it is never started here).")
 @click.pass_context
-def setup(ctx: click.Context, catatonit: str) -> None:
-    """Prepare the node: the sandbox image (built locally when absent) and a default CNI config (when none)."""
-    from cri_server.nodesetup import setup_node
-    for line in setup_node(_effective(ctx), catatonit):
+def setup(ctx: click.Context, catatonit: str, systemd_unit: bool, unit_dir: str, enable: bool) -> None:
+    """Prepare the node: the sandbox image (built locally when absent), a default CNI config (when none) and,
+    with --systemd-unit, the systemd unit."""
+    from cri_server import nodesetup
+    config = _effective(ctx)
+    if enable and not systemd_unit:
+        raise click.UsageError("--enable needs --systemd-unit")
+    if systemd_unit:
+        p = ctx.ensure_object(dict)
+        try:
+            argv = nodesetup.husk_cri_command(p["config"], p["overrides"])
+            lines = nodesetup.install_unit(argv, unit_dir, enable)
+        except (OSError, RuntimeError) as e:
+            raise click.ClickException(f"systemd unit: {e}") from None
+        for line in lines:
+            click.echo(f"husk-cri setup: {line}")
+    for line in nodesetup.setup_node(config, catatonit):
         click.echo(f"husk-cri setup: {line}")
 
 

@@ -54,9 +54,19 @@ class RuntimeConfig:
     handlers: dict = _opt({}, "extra runtime handlers for RuntimeClass: name = runtime (as `runtime`)")
     sandbox_image: str = _opt("registry.k8s.io/pause:3.9", "image of the pause container every pod runs")
     restrict_oom_score_adj: str = _opt("auto", "auto (clamp when CAP_SYS_RESOURCE is missing), true or false")
-    cgroup_driver: str = _opt("cgroupfs", "cgroup driver reported to kubelet; only cgroupfs is supported")
+    systemd_cgroup: bool = _opt(False, "cgroup driver of pods and containers (containerd's SystemdCgroup): true = "
+                                       "systemd (pod cgroup_parent is a slice, each container a scope made by "
+                                       "systemd), false = cgroupfs; kubelet's cgroupDriver must say the same")
+    tolerate_missing_hugetlb_controller: bool = _opt(
+        True, "without a hugetlb cgroup controller, drop the hugepage limits of 0 kubelet always sends (a non-zero "
+              "one is refused); false passes them to the runtime, which refuses them")
     default_stop_signal: str = _opt("SIGTERM", "stop signal when neither the request nor the image names one")
     max_container_log_line_size: int = _opt(16384, "longer log lines are split into partial records")
+
+    @property
+    def cgroup_driver(self) -> str:
+        """What RuntimeConfig reports to kubelet: "systemd" or "cgroupfs"."""
+        return "systemd" if self.systemd_cgroup else "cgroupfs"
 
 
 @dataclass(frozen=True)
@@ -164,6 +174,8 @@ def from_mapping(data: Mapping[str, Any], source: str = "") -> Config:
         defaults = cls()
         known = {f.name for f in dataclasses.fields(cls)}
         kwargs = {}
+        if name == "runtime" and "cgroup_driver" in value:
+            value = _legacy_cgroup_driver(value, source)
         for key, v in value.items():
             if key not in known:
                 raise ConfigError(f"{name}.{key}", f"unknown key (known: {', '.join(sorted(known))})", source)
@@ -172,6 +184,23 @@ def from_mapping(data: Mapping[str, Any], source: str = "") -> Config:
     config = Config(**sections)
     validate(config, source)
     return config
+
+
+def _legacy_cgroup_driver(runtime: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """`runtime.cgroup_driver` ("cgroupfs" or "systemd") is the old spelling of `runtime.systemd_cgroup`: old files
+    keep working, and a file that says both must say the same thing."""
+    value = dict(runtime)
+    driver = value.pop("cgroup_driver")
+    if driver not in ("cgroupfs", "systemd"):
+        raise ConfigError("runtime.cgroup_driver", f"unknown driver {driver!r} (cgroupfs or systemd; prefer "
+                                                   "runtime.systemd_cgroup = true or false)", source)
+    systemd = driver == "systemd"
+    if isinstance(value.get("systemd_cgroup"), bool) and value["systemd_cgroup"] is not systemd:
+        raise ConfigError("runtime.cgroup_driver", f"{driver!r} contradicts runtime.systemd_cgroup = "
+                                                   f"{_toml_value(value['systemd_cgroup'])}; keep only "
+                                                   "systemd_cgroup", source)
+    value.setdefault("systemd_cgroup", systemd)
+    return value
 
 
 def validate(config: Config, source: str = "") -> None:
@@ -201,8 +230,6 @@ def validate(config: Config, source: str = "") -> None:
             raise ConfigError("cni.bin_dirs", f"{d!r} must be an absolute path", source)
     if config.runtime.restrict_oom_score_adj not in ("auto", "true", "false"):
         raise ConfigError("runtime.restrict_oom_score_adj", "must be auto, true or false", source)
-    if config.runtime.cgroup_driver != "cgroupfs":
-        raise ConfigError("runtime.cgroup_driver", "only cgroupfs is supported", source)
     if "" in config.runtime.handlers:
         raise ConfigError("runtime.handlers", "the default handler is set with runtime.runtime", source)
     if not 0 <= config.streaming.port <= 65535:
@@ -249,6 +276,7 @@ FLAG_KEYS = {
     "state": ("paths", "state"),
     "sandbox_image": ("runtime", "sandbox_image"),
     "runtime": ("runtime", "runtime"),
+    "systemd_cgroup": ("runtime", "systemd_cgroup"),
     "cni_conf_dir": ("cni", "conf_dir"),
     "cni_bin_dir": ("cni", "bin_dirs"),
     "registry_config_dir": ("registry", "config_dir"),

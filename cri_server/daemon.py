@@ -46,33 +46,11 @@ def clear_stale_socket(path: str) -> None:
     raise StartupError(f"another server is listening on {path}")
 
 
-# What the in-process runtime imports while it creates a container (the shim forks it from the zygote).
-_RUNTIME_MODULES = ("runtime.lifecycle", "runtime.parent", "runtime.child", "runtime.init", "runtime.sync",
-                    "runtime.state", "runtime.config", "runtime.jsonload", "runtime.capabilities",
-                    "runtime.process", "runtime.rootfs", "runtime.hooks", "runtime.network", "runtime.console",
-                    "runtime.cgroups.v1", "runtime.cgroups.v2", "runtime.seccomp", "runtime.seccomp_lib",
-                    "runtime.seccomp_notify", "runtime.schema.validator", "runtime.execute", "runtime.execflags",
-                    "runtime.exeguard", "runtime.update", "resource", "_sha256", "_sha2", "hashlib")
-
-
-def _preload_for_shims() -> None:
-    """Modules the in-process runtime imports lazily, loaded here so the zygote (a fork of this process) and
-    every shim forked from it share them instead of importing them in every container start; and the
-    container's init imports some after pivot_root, where the host's Python library directory is out of
-    reach ("No module named '_sha256'" for a seccomp profile)."""
-    import importlib
-    for name in _RUNTIME_MODULES:
-        try:
-            importlib.import_module(name)
-        except (ImportError, OSError):
-            pass
-
-
 def start_spawner(config: Config) -> Any:
-    """The single-threaded shim spawner (a zygote with shim/ and runtime/ imported), forked before grpc is
-    imported and before any thread exists: every shim is forked from it, never from this process."""
+    """The single-threaded shim spawner (a fresh, protected interpreter with shim/ and runtime/ imported, see
+    shim/spawner.py), started before grpc is imported and before any thread exists: every shim is forked from
+    it, never from this process."""
     from shim.spawner import Spawner, SpawnError
-    _preload_for_shims()
     spawner = Spawner()
     try:
         spawner.start()
@@ -98,8 +76,22 @@ def protect_interpreter() -> str:
     return ""
 
 
+def set_process_name() -> None:
+    """comm "husk-cri" (it was "python3", or the protected interpreter's name after the re-exec), so that
+    `pgrep -x husk-cri` / `pkill -x husk-cri` find the daemon alone: its spawner is "husk-cri-spawne" and
+    its shims "husk-shim" (shim/proctitle.py). The command line stays (it shows the flags). Before threads."""
+    from runtime.linux import syscalls as sc
+    try:
+        sc.set_name("husk-cri")
+    except OSError as e:
+        log.debug("cannot set the process name: %s", e)
+
+
 def run(config: Config) -> int:
     unprotected = protect_interpreter()
+    set_process_name()
+    from cri_server import sdnotify
+    sdnotify.take_socket()                   # before the spawner: shims and runtimes must not inherit it
     logs.setup(config.server.log_level, config.server.log_format)
     if unprotected:
         log.warning("the interpreter is not protected; every container start re-executes it",
@@ -159,8 +151,10 @@ async def serve(config: Config, policy: oom.OomScorePolicy, spawner: Any = None,
         settings=RuntimeSettings(pod_cidr=store.get_meta("pod_cidr")),
         images=ImageService(config.paths.root, config.registry.config_dir),
         shims=ShimManager(config.paths.state, config.runtime.runtime_root, spawner,
-                          debug=config.server.log_level.lower() == "debug", default_runtime=runtime),
-        host=HostInfo.detect(policy), default_runtime=runtime)
+                          debug=config.server.log_level.lower() == "debug", default_runtime=runtime,
+                          systemd_cgroup=config.runtime.systemd_cgroup),
+        host=HostInfo.detect(policy, config.runtime.systemd_cgroup,
+                             config.runtime.tolerate_missing_hugetlb_controller), default_runtime=runtime)
     services.tasks = TaskMonitor(services)
     await recovery.recover(services)
     services.streaming = make_server(services, tls)
@@ -197,12 +191,21 @@ async def serve(config: Config, policy: oom.OomScorePolicy, spawner: Any = None,
     # The one line on stdout: where kubelet and crictl connect (the logs go to stderr).
     print(f"husk-cri: serving CRI v1 on unix://{path}"
           + (f", streaming on {services.streaming.base_url}" if services.streaming else ""), flush=True)
+    # What start-up made (modules, grpc, the index) lives as long as the daemon: out of the collector's reach,
+    # a full collection scans only what came later instead of stalling the loop for tens of ms under the
+    # garbage of the stats RPCs (kubelet's relist latency; scripts/bench/relist).
+    import gc
+    gc.collect()
+    gc.freeze()
     if ready is not None:
         ready.set()
+    from cri_server import sdnotify
+    sdnotify.notify(sdnotify.READY)          # a Type=notify unit (contrib/systemd) is started from here on
     try:
         await stop.wait()
     finally:
         log.info("husk-cri stopping; pods and containers keep running")
+        sdnotify.notify(sdnotify.STOPPING)
         services.events.close()
         await server.stop(config.server.shutdown_grace)
         for sig in (signal.SIGTERM, signal.SIGINT):

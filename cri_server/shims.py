@@ -35,10 +35,11 @@ class ShimGone(Exception):
 
 class ShimManager:
     def __init__(self, state_dir: str, runtime_root: str, spawner: Any = None, debug: bool = False,
-                 default_runtime: str = "") -> None:
+                 default_runtime: str = "", systemd_cgroup: bool = False) -> None:
         self.base = os.path.join(state_dir, SHIMS_DIR)
         self.runtime_root = runtime_root
         self.default_runtime = default_runtime
+        self.systemd_cgroup = systemd_cgroup
         self.spawner = spawner
         self.debug = debug
         self._clients: dict[str, Any] = {}
@@ -55,6 +56,15 @@ class ShimManager:
     def paths(self, object_id: str) -> ShimPaths:
         d = os.path.join(self.base, object_id)
         return ShimPaths(d, os.path.join(d, "shim.sock"), os.path.join(d, "shim.log"))
+
+    def create_options(self, **fields: Any) -> Any:
+        """The options of a task Create (husk.shim.v1.CreateOptions as a google.protobuf.Any): `fields` plus
+        what every task of this husk-cri shares, the cgroup driver the runtime runs with (in-process or a
+        binary, which gets --systemd-cgroup)."""
+        from shim.pb import google
+        from shim.pb import husk as huskpb
+        opts = huskpb.CreateOptions(systemd_cgroup=self.systemd_cgroup, **fields)
+        return google.Any(type_url=huskpb.CreateOptions.FULL_NAME, value=opts.encode())
 
     # --- starting ---------------------------------------------------------------------------
     async def spawn(self, object_id: str, bundle: str, runtime: str) -> tuple[int, str]:

@@ -218,8 +218,11 @@ async def force_delete(svc: "Services", object_id: str, runtime: str) -> None:
             return
     else:
         binary = runtime
+    shims = svc.need_shims()
+    # The global flags the shim gave the runtime, as containerd's runc client passes them on every verb.
+    driver = ["--systemd-cgroup"] if shims.systemd_cgroup else []
     try:
-        proc = await asyncio.create_subprocess_exec(binary, "--root", svc.need_shims().root_for(runtime), "delete",
+        proc = await asyncio.create_subprocess_exec(binary, "--root", shims.root_for(runtime), *driver, "delete",
                                                     "--force", object_id, stdin=asyncio.subprocess.DEVNULL,
                                                     stdout=asyncio.subprocess.DEVNULL,
                                                     stderr=asyncio.subprocess.PIPE)

@@ -52,9 +52,6 @@ def setup_logging(g: Globals) -> None:
 def guard(g: Globals, fn: Callable[[], int | None], fail_code: int = 1, prefix: str = "") -> int:
     """Runs a verb; HuskError and OSError become a one-line message (after `prefix`) and `fail_code`."""
     try:
-        if g.systemd_cgroup:
-            raise HuskError("--systemd-cgroup: the systemd cgroup driver is not implemented in husk yet; "
-                            "use the cgroupfs driver (drop --systemd-cgroup)")
         setup_logging(g)
         rc = fn()
         return rc or 0
@@ -70,7 +67,8 @@ def cmd_create(g: Globals, container_id: str, bundle: str, console_socket: str |
                no_pivot: bool, no_new_keyring: bool, preserve_fds: int) -> int:
     from runtime import lifecycle
     lifecycle.create(g.root, container_id, bundle, console_socket=console_socket, pid_file=pid_file,
-                     no_pivot=no_pivot, no_new_keyring=no_new_keyring, preserve_fds=preserve_fds)
+                     no_pivot=no_pivot, no_new_keyring=no_new_keyring, preserve_fds=preserve_fds,
+                     systemd_cgroup=g.systemd_cgroup)
     return 0
 
 
@@ -140,7 +138,7 @@ def cmd_run(g: Globals, container_id: str, bundle: str, console_socket: str | No
     from runtime import lifecycle
     return lifecycle.run(g.root, container_id, bundle, detach=detach, console_socket=console_socket,
                          pid_file=pid_file, no_pivot=no_pivot, no_new_keyring=no_new_keyring,
-                         preserve_fds=preserve_fds, keep=keep)
+                         preserve_fds=preserve_fds, keep=keep, systemd_cgroup=g.systemd_cgroup)
 
 
 def cmd_exec(g: Globals, container_id: str, process_file: str, console_socket: str | None, pid_file: str | None,

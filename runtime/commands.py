@@ -31,7 +31,8 @@ def _finish(ctx: click.Context, rc: int) -> None:
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True,
               help="format of the --log records")
 @click.option("--debug", is_flag=True, help="debug logging")
-@click.option("--systemd-cgroup", is_flag=True, help="use the systemd cgroup driver (not implemented: an error)")
+@click.option("--systemd-cgroup", is_flag=True,
+              help="create: put the container in a systemd transient scope (cgroupsPath slice:prefix:name; cgroup v2)")
 @click.option("--rootless", default=None, help="accepted for runc compatibility (true|false|auto)")
 @click.version_option(VERSION, message="husk version %(version)s\nspec: 1.2.0")
 @click.pass_context

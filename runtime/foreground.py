@@ -17,7 +17,8 @@ FORWARDED = (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signa
 
 
 def run(root: str, container_id: str, bundle: str, *, detach: bool, console_socket: str | None,
-        pid_file: str | None, no_pivot: bool, no_new_keyring: bool, preserve_fds: int, keep: bool) -> int:
+        pid_file: str | None, no_pivot: bool, no_new_keyring: bool, preserve_fds: int, keep: bool,
+        systemd_cgroup: bool = False) -> int:
     sc.set_child_subreaper(True)
     proxy = None
     if not detach and console_socket is None and _wants_terminal(bundle):
@@ -25,7 +26,8 @@ def run(root: str, container_id: str, bundle: str, *, detach: bool, console_sock
         console_socket = proxy.path
     try:
         pid = lifecycle.create(root, container_id, bundle, console_socket=console_socket, pid_file=pid_file,
-                               no_pivot=no_pivot, no_new_keyring=no_new_keyring, preserve_fds=preserve_fds)
+                               no_pivot=no_pivot, no_new_keyring=no_new_keyring, preserve_fds=preserve_fds,
+                               systemd_cgroup=systemd_cgroup)
         if proxy is not None:
             proxy.accept()
     except BaseException:

@@ -19,8 +19,10 @@ SIGKILL = 9  # not signal.SIGKILL: the signal module builds enums on import (~4 
 
 def create(root: str, container_id: str, bundle: str, *, console_socket: str | None = None,
            pid_file: str | None = None, no_pivot: bool = False, no_new_keyring: bool = False,
-           preserve_fds: int = 0) -> int:
+           preserve_fds: int = 0, systemd_cgroup: bool = False) -> int:
     """Sets up the container and returns the init's host pid; the init stays blocked until start().
+    `systemd_cgroup`: the systemd cgroup driver (linux.cgroupsPath is "slice:prefix:name"; runc's
+    --systemd-cgroup), else the cgroupfs driver.
 
     The calling process becomes a child subreaper (so a failed create can reap what it started); call it in a
     process that exits afterwards (the CLI, or a fork of the shim): the init then moves to the next subreaper
@@ -33,7 +35,8 @@ def create(root: str, container_id: str, bundle: str, *, console_socket: str | N
         from runtime.errors import ContainerExists
         raise ContainerExists(container_id)
     return parent.create(root, container_id, cfg, console_socket=console_socket, pid_file=pid_file,
-                         no_pivot=no_pivot, no_new_keyring=no_new_keyring, preserve_fds=preserve_fds)
+                         no_pivot=no_pivot, no_new_keyring=no_new_keyring, preserve_fds=preserve_fds,
+                         systemd_cgroup=systemd_cgroup)
 
 
 def start(root: str, container_id: str) -> None:
@@ -189,6 +192,9 @@ def delete(root: str, container_id: str, force: bool = False) -> None:
             own_pidns = any(n.get("type") == "pid" and not n.get("path") for n in linux.get("namespaces") or [])
             if not own_pidns and mgr.pids():
                 mgr.kill_all(SIGKILL)  # without a pid namespace the init's death does not end the rest
+        if rec.systemd_unit:
+            _stop_unit(rec)   # before the rmdir: systemd removes the scope's cgroup itself
+        if mgr.exists():
             _destroy(mgr)
         st.remove_dir(sdir)
     hooks = (rec.config.get("hooks") or {}).get("poststop")
@@ -196,6 +202,17 @@ def delete(root: str, container_id: str, force: bool = False) -> None:
         from runtime import hooks as hk
         hk.run("poststop", hooks, st.dumps_json(_hook_state(rec, "stopped")), container_id=container_id,
                keep_going=True)
+
+
+def _stop_unit(rec: st.Record) -> None:
+    """Stops the container's systemd scope (waiting for the job) and resets it if it failed (e.g. after an
+    OOM kill), so that no unit is left; a unit already gone is not an error."""
+    from runtime.cgroups import manager_for
+    mgr = manager_for(rec.cgroup_path, rec.systemd_unit)
+    try:
+        mgr.stop()
+    finally:
+        mgr.close()
 
 
 def _destroy(mgr: Any) -> None:
@@ -277,7 +294,13 @@ def update(root: str, container_id: str, resources: dict[str, Any]) -> dict[str,
         linux = rec.config.setdefault("linux", {})
         apply, merged = up.plan(linux.get("resources") or {}, change)
         if apply:
-            manager_for(rec.cgroup_path).set(apply)
+            # under systemd: the unit's properties too (SetUnitProperties), then the files
+            mgr = manager_for(rec.cgroup_path, rec.systemd_unit or None)
+            try:
+                mgr.set(apply)
+            finally:
+                if rec.systemd_unit:
+                    mgr.close()
         linux["resources"] = merged
         st.save(sdir, rec)
     return merged
@@ -334,9 +357,9 @@ def exec_process(root: str, container_id: str, process: dict[str, Any], *, conso
 
 def run(root: str, container_id: str, bundle: str, *, detach: bool = False, console_socket: str | None = None,
         pid_file: str | None = None, no_pivot: bool = False, no_new_keyring: bool = False,
-        preserve_fds: int = 0, keep: bool = False) -> int:
+        preserve_fds: int = 0, keep: bool = False, systemd_cgroup: bool = False) -> int:
     """create + start; without `detach`, waits and returns the exit code (128+signal) and deletes."""
     from runtime import foreground
     return foreground.run(root, container_id, bundle, detach=detach, console_socket=console_socket,
                           pid_file=pid_file, no_pivot=no_pivot, no_new_keyring=no_new_keyring,
-                          preserve_fds=preserve_fds, keep=keep)
+                          preserve_fds=preserve_fds, keep=keep, systemd_cgroup=systemd_cgroup)

@@ -86,14 +86,24 @@ def activated_fds() -> int:
 
 
 def create(root: str, container_id: str, cfg: Config, *, console_socket: str | None, pid_file: str | None,
-           no_pivot: bool, no_new_keyring: bool, preserve_fds: int) -> int:
+           no_pivot: bool, no_new_keyring: bool, preserve_fds: int, systemd_cgroup: bool = False) -> int:
     from runtime import cgroups
     if cfg.ns("mount") is None:
         raise SetupError("linux.namespaces: husk needs a mount namespace (new or joined by path) to set up "
                          "the rootfs; a container without one would change the host's mounts")
     if cfg.process.get("terminal") and not console_socket:
         raise SetupError("process.terminal is true: --console-socket is required")
-    cgroup_path = cgroups.resolve_path(cfg.linux.get("cgroupsPath"), container_id)
+    unit = None
+    if systemd_cgroup:
+        from runtime.cgroups import systemd
+        unit = systemd.parse_path(cfg.linux.get("cgroupsPath"), container_id)
+        systemd.check_host()
+        if os.geteuid() != 0:
+            raise SetupError("--systemd-cgroup: husk's systemd driver talks to the system instance (root only); "
+                             "a rootless container uses the cgroupfs driver")
+        cgroup_path = unit.path
+    else:
+        cgroup_path = cgroups.resolve_path(cfg.linux.get("cgroupsPath"), container_id)
     extra_env: dict[str, str] = {}
     listen = activated_fds()
     if listen:
@@ -114,7 +124,13 @@ def create(root: str, container_id: str, cfg: Config, *, console_socket: str | N
         fifo_fd = os.open(fifo, os.O_PATH | os.O_CLOEXEC)
         undo.callback(_close, fifo_fd)
         mgr: Any = None
-        if os.geteuid() == 0 or cfg.linux.get("resources"):
+        if unit is not None:
+            # the scope is started by apply(pid) below (systemd places the pid); until then set() only checks
+            mgr = systemd.SystemdManager(unit, container_id, new=True)
+            undo.callback(mgr.close)
+            undo.callback(_destroy_cgroup, mgr)   # stops the unit only if this create started it
+            mgr.set(cgroup_resources(cfg))
+        elif os.geteuid() == 0 or cfg.linux.get("resources"):
             mgr = cgroups.manager_for(cgroup_path)
             existed = mgr.exists()
             mgr.create()
@@ -157,6 +173,8 @@ def create(root: str, container_id: str, cfg: Config, *, console_socket: str | N
         rec = st.Record(id=container_id, pid=init_pid, pid_start=_start_time(init_pid), bundle=cfg.bundle,
                         rootfs=cfg.rootfs, created=st.now_rfc3339(), cgroup_path=cgroup_path, config=cfg.raw,
                         annotations=dict(cfg.raw.get("annotations") or {}), no_new_keyring=no_new_keyring)
+        if unit is not None:
+            rec.cgroup_driver, rec.systemd_unit = systemd.DRIVER, unit.name
         st.save(state_dir, rec)
         if pid_file:
             st.write_pid_file(pid_file, init_pid)
@@ -168,6 +186,8 @@ def create(root: str, container_id: str, cfg: Config, *, console_socket: str | N
         parent_chan.close()
         lock.release()
         undo.pop_all()
+        if unit is not None:
+            mgr.close()
     logutil.debug("created container %s, init pid %d", container_id, init_pid, container_id=container_id)
     return init_pid
 

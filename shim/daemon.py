@@ -13,6 +13,7 @@ import sys
 
 from shim.log import get as get_logger
 from shim.loop import Loop
+from shim.proctitle import set_title
 from shim.runtime_driver import IN_PROCESS
 from shim.service import ShimConfig, TaskService
 
@@ -34,10 +35,7 @@ def serve(cfg: ShimConfig, listener: socket.socket | None = None, ready_fd: int 
     from shim.ttrpc_server import Server, Service, listen_unix
 
     sc.set_child_subreaper(True)
-    try:
-        sc.set_name("husk-shim")
-    except OSError:
-        pass
+    set_title(f"husk-shim {cfg.id}")   # comm "husk-shim" (pgrep -x husk-shim), args "husk-shim <id>"
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     created_state_dir = not os.path.isdir(cfg.state_dir)
     os.makedirs(cfg.state_dir, mode=0o711, exist_ok=True)

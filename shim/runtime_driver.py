@@ -237,7 +237,7 @@ class InProcessRuntime(RuntimeDriver):
     def create(self, container_id: str, bundle: str, stdio: ChildStdio, pid_file: str) -> int:
         self._forked("create", container_id, stdio, self.lc.create, self.opts.root, container_id, bundle,
                      console_socket=stdio.console_socket, pid_file=pid_file, no_pivot=self.opts.no_pivot,
-                     no_new_keyring=self.opts.no_new_keyring)
+                     no_new_keyring=self.opts.no_new_keyring, systemd_cgroup=self.opts.systemd_cgroup)
         return _read_pid(pid_file)
 
     def start(self, container_id: str) -> None:

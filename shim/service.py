@@ -224,6 +224,7 @@ class TaskService:
                     root = h.runtime_root or root
                     log_path = h.log_path
                     stdin_once = h.stdin_once
+                    flags["systemd_cgroup"] = h.systemd_cgroup
                 else:
                     raise w.TtrpcError(w.INVALID_ARGUMENT, f"unsupported options type {opts.type_url!r}")
             except ValueError as err:

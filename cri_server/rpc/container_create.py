@@ -106,7 +106,6 @@ async def create_container(svc: Services, req: pb.CreateContainerRequest) -> pb.
 async def _create(svc: Services, req: pb.CreateContainerRequest, sb: SandboxRecord, image: object, cid: str,
                   name: str, undo: Undo) -> None:
     from shim import ttrpc_wire as w
-    from shim.pb import google, husk as huskpb
     config = req.config
     store = svc.store
     shims = svc.need_shims()
@@ -154,14 +153,14 @@ async def _create(svc: Services, req: pb.CreateContainerRequest, sb: SandboxReco
 
     shim_pid, address = await shims.spawn(cid, bundle, runtime)
     undo.push("discard the task", discard_task, svc, cid, address, runtime, shim_pid)
-    opts = huskpb.CreateOptions(log_path=log_path, stdin_once=bool(config.stdin_once))
+    opts = shims.create_options(log_path=log_path, stdin_once=bool(config.stdin_once))
     try:
         # Output always goes through pipes the shim reads: into the log (when there is one) and to attached
         # clients (kubectl attach), even when the container has no log path.
         created = await shims.call(cid, address, "Create", id=cid, bundle=bundle, terminal=bool(config.tty),
                                    stdin="attach:" if config.stdin else "", stdout="attach:",
                                    stderr="" if config.tty else "attach:",
-                                   options=google.Any(type_url=huskpb.CreateOptions.FULL_NAME, value=opts.encode()))
+                                   options=opts)
     except w.TtrpcError as e:
         raise Internal(f"create container {config.metadata.name}: {e.message}") from None
     extra = {k: v for k, v in rec.extra.items() if k != "creating"}

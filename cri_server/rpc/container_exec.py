@@ -14,7 +14,7 @@ from cri_server.api.v1 import api_pb2 as pb
 from cri_server.context import Services
 from cri_server.errors import DeadlineExceeded, FailedPrecondition, Internal, InvalidArgument, NotFound
 from cri_server.shims import ShimGone
-from cri_server.spec.resources import linux_resources
+from cri_server.spec.resources import hugepage_policy, linux_resources
 from cri_server.store.records import ContainerRecord, ContainerState
 
 log = logging.getLogger(__name__)
@@ -78,7 +78,8 @@ async def update_container_resources(svc: Services,
             raise FailedPrecondition(f"container {rec.id} is {rec.state.value}: its resources cannot change")
         if not req.HasField("linux"):
             return pb.UpdateContainerResourcesResponse()
-        resources = linux_resources(req.linux, "linux", svc.host.swap_controller if svc.host else False)
+        resources = linux_resources(req.linux, "linux", svc.host.swap_controller if svc.host else False,
+                                    hugepage_policy(svc.host) if svc.host else False)
         try:
             await svc.need_shims().call(rec.id, rec.shim_address, "Update", id=rec.id,
                                         resources=google.Any(type_url="types.containerd.io/opencontainers/"

@@ -9,6 +9,7 @@ import json
 from cri_server import signals as signames
 from cri_server.api.v1 import api_pb2 as pb
 from cri_server.context import Services
+from cri_server.rpc.listing import EncodedItems
 from cri_server.store.records import ContainerFilter, ContainerRecord, ContainerState
 
 _STATE_TO_PB = {ContainerState.CREATED: pb.CONTAINER_CREATED, ContainerState.RUNNING: pb.CONTAINER_RUNNING,
@@ -60,6 +61,9 @@ def to_container(r: ContainerRecord) -> pb.Container:
                         labels=r.labels, annotations=r.annotations)
 
 
+_items = EncodedItems(pb.ListContainersResponse, "containers", to_container)
+
+
 def to_status(r: ContainerRecord, default_stop_signal: str = "SIGTERM") -> pb.ContainerStatus:
     config = pb.ContainerConfig.FromString(r.config) if r.config else pb.ContainerConfig()
     return pb.ContainerStatus(
@@ -94,5 +98,5 @@ async def container_status(svc: Services, req: pb.ContainerStatusRequest) -> pb.
 async def list_containers(svc: Services, req: pb.ListContainersRequest) -> pb.ListContainersResponse:
     """ListContainers returns the containers matching every set filter field (id, state, sandbox, labels)."""
     flt = filter_from_pb(req.filter) if req.HasField("filter") else ContainerFilter()
-    return pb.ListContainersResponse(containers=[to_container(r) for r in svc.store.list_containers(flt)
-                                                 if not r.extra.get("creating")])
+    return _items.response((r for r in svc.store.list_containers(flt) if not r.extra.get("creating")),
+                           svc.store.list_containers)

@@ -50,8 +50,10 @@ async def status(svc: Services, req: pb.StatusRequest) -> pb.StatusResponse:
 
 
 async def runtime_config(svc: Services, req: pb.RuntimeConfigRequest) -> pb.RuntimeConfigResponse:
-    """RuntimeConfig tells kubelet which cgroup driver to use: husk manages cgroups through cgroupfs."""
-    return pb.RuntimeConfigResponse(linux=pb.LinuxRuntimeConfiguration(cgroup_driver=pb.CGROUPFS))
+    """RuntimeConfig tells kubelet which cgroup driver to use (kubelet >= 1.28 with KubeletCgroupDriverFromCRI
+    follows it): SYSTEMD with runtime.systemd_cgroup = true, CGROUPFS otherwise."""
+    driver = pb.SYSTEMD if svc.config.runtime.systemd_cgroup else pb.CGROUPFS
+    return pb.RuntimeConfigResponse(linux=pb.LinuxRuntimeConfiguration(cgroup_driver=driver))
 
 
 async def update_runtime_config(svc: Services, req: pb.UpdateRuntimeConfigRequest) -> pb.UpdateRuntimeConfigResponse:

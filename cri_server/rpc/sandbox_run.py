@@ -79,12 +79,14 @@ async def ensure_image(svc: Services, ref: str) -> object:
     """The sandbox image: already imported (scripts/start builds it locally) or pulled now."""
     images = svc.need_images()
     rec = images.get(ref)
-    if rec is not None:
-        return rec
-    try:
-        return await images.pull(ref)
-    except ImageError as e:
-        raise Unavailable(f"sandbox image {ref}: {e}") from None
+    if rec is None:
+        try:
+            rec = await images.pull(ref)
+        except ImageError as e:
+            raise Unavailable(f"sandbox image {ref}: {e}") from None
+    # Pinned, as containerd pins its sandbox image: kubelet's image GC skips pinned images; it removed the pause
+    # image whenever no container used it, and the next pod had to pull it again.
+    return rec if rec.pinned else images.set_pinned(rec.id, True)  # type: ignore[attr-defined]
 
 
 async def run_pod_sandbox(svc: Services, req: pb.RunPodSandboxRequest) -> pb.RunPodSandboxResponse:
@@ -196,7 +198,7 @@ async def _create(svc: Services, req: pb.RunPodSandboxRequest, sid: str, name: s
     undo.push("discard the task", discard_task, svc, sid, address, runtime, shim_pid)
     try:
         created = await shims.call(sid, address, "Create", id=sid, bundle=bundle, stdin="", stdout="", stderr="",
-                                   terminal=False)
+                                   terminal=False, options=shims.create_options())
         await shims.call(sid, address, "Start", id=sid)
     except Exception as e:  # noqa: BLE001 -- a runtime failure: the message is the runtime's
         from shim import ttrpc_wire as w

@@ -1,6 +1,7 @@
 """PodSandboxStatus and ListPodSandbox: what kubelet's PLEG reads every second, answered from the index.
 
-Never touches the disk or a shim: the records are in memory. Stats belong to rpc/stats.py.
+Never touches the disk or a shim: the records are in memory (list items encoded once per record change,
+rpc/listing.py). Stats belong to rpc/stats.py.
 """
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import time
 
 from cri_server.api.v1 import api_pb2 as pb
 from cri_server.context import Services
+from cri_server.rpc.listing import EncodedItems
 from cri_server.store.records import SandboxFilter, SandboxRecord, SandboxState
 
 _STATE_TO_PB = {SandboxState.READY: pb.SANDBOX_READY, SandboxState.NOTREADY: pb.SANDBOX_NOTREADY,
@@ -39,6 +41,9 @@ def to_status(r: SandboxRecord) -> pb.PodSandboxStatus:
         labels=r.labels, annotations=r.annotations, runtime_handler=r.runtime_handler)
 
 
+_items = EncodedItems(pb.ListPodSandboxResponse, "items", to_pod_sandbox)
+
+
 def filter_from_pb(f: pb.PodSandboxFilter) -> SandboxFilter:
     state = _PB_TO_STATE[f.state.state] if f.HasField("state") else None
     return SandboxFilter(id=f.id, state=state, label_selector=dict(f.label_selector))
@@ -59,8 +64,8 @@ async def pod_sandbox_status(svc: Services, req: pb.PodSandboxStatusRequest) -> 
 async def list_pod_sandbox(svc: Services, req: pb.ListPodSandboxRequest) -> pb.ListPodSandboxResponse:
     """ListPodSandbox returns the sandboxes matching every set filter field (id or id prefix, state, labels)."""
     flt = filter_from_pb(req.filter) if req.HasField("filter") else SandboxFilter()
-    return pb.ListPodSandboxResponse(items=[to_pod_sandbox(r) for r in svc.store.list_sandboxes(flt)
-                                            if r.state != SandboxState.CREATING])
+    return _items.response((r for r in svc.store.list_sandboxes(flt) if r.state != SandboxState.CREATING),
+                           svc.store.list_sandboxes)
 
 
 async def update_pod_sandbox_resources(svc: Services, req: pb.UpdatePodSandboxResourcesRequest

@@ -1,24 +1,33 @@
 """ContainerStats, ListContainerStats, PodSandboxStats, ListPodSandboxStats, and the sampling they share with
 the CRI metrics RPCs (rpc/metrics.py).
 
-A sample is one reading per object and call: CPU, memory, pids and block I/O from each running task's shim
-(its cgroup metrics), the writable layer from the image service (a walk of the container's upper dir, in a
+A sample is one reading per object: CPU, memory, pids and block I/O from each running task's shim (its
+cgroup metrics), the writable layer from the image service (a walk of the container's upper dir, in a
 thread), network from the pod's namespace (/proc/<pause>/net/dev), and for metrics process, thread and fd
 counts from /proc. This module turns samples into CRI stats (CPU rate from the previous sample), metrics.py
 into CRI metrics. Containers that are not running report only their writable layer. A shim or file that is
 gone leaves its part out (logged at debug); it never fails the call.
+
+kubelet asks for the same objects from several callers (ListPodSandboxStats and ListContainerStats back to
+back, the summary API, eviction): concurrent callers share one shim call or walk, a shim reading younger
+than _READING_MAX_AGE_NS answers again (its own timestamp kept), and a writable layer is walked at most once
+per _LAYER_MAX_AGE_NS (as containerd 1.6 walks snapshots every stats_collect_period; the FilesystemUsage
+timestamp is the walk's).
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import os
+import random
 import time
+import weakref
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Awaitable, Callable, Hashable
 
 from cri_server.api.v1 import api_pb2 as pb
 from cri_server.context import Services
+from cri_server.rpc import cgdecode
 from cri_server.shims import ShimGone
 from cri_server.store.records import ContainerFilter, ContainerRecord, ContainerState, SandboxFilter, \
     SandboxRecord, SandboxState
@@ -30,6 +39,11 @@ _UNLIMITED = 1 << 62
 # Two CPU samples closer than this give no new rate (the last one is reported again): kubelet's callers
 # (eviction, summary, resource metrics) ask at their own pace, and a rate over a few ms is noise.
 _MIN_RATE_WINDOW_NS = 1_000_000_000
+# A shim reading this young answers again (below the rate window: no rate changes because of it).
+_READING_MAX_AGE_NS = 500_000_000
+# One walk of a writable layer per container at most this often, each call's bound drawn within +-20% so
+# the layers of pods created together are not all walked again in one call.
+_LAYER_MAX_AGE_NS = 10_000_000_000
 
 
 class CpuRates:
@@ -55,6 +69,74 @@ class CpuRates:
 
 
 _rates = CpuRates()
+
+
+class Recent:
+    """The last value fetched per key, and the fetch in flight: concurrent callers share one fetch (a caller
+    that is cancelled does not cancel it), and a value younger than its max age answers again. A value is kept
+    only for the same `version` (e.g. the shim address it was read from); failed fetches are not kept."""
+
+    def __init__(self) -> None:
+        self._values: dict[str, tuple[Hashable, int, Any]] = {}   # key -> (version, fetched (monotonic ns), value)
+        self._pending: dict[tuple[str, Hashable], asyncio.Future[Any]] = {}
+
+    async def get(self, key: str, version: Hashable, max_age_ns: int, fetch: Callable[[], Awaitable[Any]],
+                  keep: Callable[[Any], bool] = lambda _v: True) -> Any:
+        hit = self._values.get(key)
+        if hit is not None and hit[0] == version and time.monotonic_ns() - hit[1] < max_age_ns:
+            return hit[2]
+        pending = self._pending.get((key, version))
+        if pending is None:
+            pending = asyncio.ensure_future(fetch())
+            self._pending[(key, version)] = pending
+
+            def done(f: asyncio.Future[Any]) -> None:
+                self._pending.pop((key, version), None)
+                if not f.cancelled() and f.exception() is None and keep(f.result()):
+                    self._values[key] = (version, time.monotonic_ns(), f.result())
+            pending.add_done_callback(done)
+        return await asyncio.shield(pending)
+
+    def forget_missing(self, live: set[str]) -> None:
+        for k in [k for k in self._values if k not in live]:
+            del self._values[k]
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+
+@dataclass
+class Readings:
+    """One daemon's recent shim readings (id -> (ns since the epoch, metrics)) and writable-layer walks."""
+    metrics: Recent = field(default_factory=Recent)
+    layers: Recent = field(default_factory=Recent)
+
+    def forget_missing(self, live: set[str]) -> None:
+        self.metrics.forget_missing(live)
+        self.layers.forget_missing(live)
+
+
+_readings: "weakref.WeakKeyDictionary[Any, Readings]" = weakref.WeakKeyDictionary()
+_last: list[Any] = [None, None]     # the last (store, Readings) looked up: a daemon has one store
+
+
+def readings(svc: Services) -> Readings:
+    """The Readings of the daemon `svc` belongs to (one per metadata store)."""
+    store = svc.store
+    if _last[0] is store:
+        return _last[1]
+    r = _readings.get(store)
+    if r is None:
+        r = _readings[store] = Readings()
+    _last[:] = [store, r]
+    return r
+
+
+def forget_gone(svc: Services) -> None:
+    """Drops rates and readings of objects no longer in the store."""
+    live = {r.id for r in svc.store.list_containers()} | {s.id for s in svc.store.list_sandboxes()}
+    _rates.forget_missing(live)
+    readings(svc).forget_missing(live)
 
 
 def _u64(v: int | None) -> pb.UInt64Value | None:
@@ -94,6 +176,7 @@ class Layer:
     mountpoint: str  # the filesystem of the writable layers (kubelet asks cAdvisor about it)
     bytes: int
     inodes: int
+    at: int = 0      # ns since the epoch: when the walk ended
 
 
 @dataclass
@@ -114,11 +197,23 @@ class PodSample:
     network: list[Interface] | None = None
 
 
-async def _metrics(svc: Services, object_id: str, address: str) -> Any:
+async def _metrics(svc: Services, object_id: str, address: str) -> tuple[int, Any]:
+    """(ns since the epoch when it was read, the shim's cgroup metrics or None): a recent reading if any."""
+    if not address:
+        return time.time_ns(), None
+    return await readings(svc).metrics.get(object_id, address, _READING_MAX_AGE_NS,
+                                           lambda: _read_metrics(svc, object_id, address),
+                                           keep=lambda v: v[1] is not None)
+
+
+async def _read_metrics(svc: Services, object_id: str, address: str) -> tuple[int, Any]:
+    m = await _shim_metrics(svc, object_id, address)
+    return time.time_ns(), m
+
+
+async def _shim_metrics(svc: Services, object_id: str, address: str) -> Any:
     from shim import ttrpc_wire as w
     from shim.pb import cgroups_v1
-    if not address:
-        return None
     try:
         resp = await svc.need_shims().call(object_id, address, "Stats", timeout=10.0, id=object_id)
     except (ShimGone, w.TtrpcError) as e:
@@ -127,17 +222,26 @@ async def _metrics(svc: Services, object_id: str, address: str) -> Any:
     if resp.stats is None or not resp.stats.value:
         return None
     try:
-        return cgroups_v1.Metrics.decode(resp.stats.value)
-    except ValueError as e:          # shim.protobuf.DecodeError: not io.containerd.cgroups.v1.Metrics
+        return cgdecode.decode(cgroups_v1.Metrics, resp.stats.value)     # in C: see rpc/cgdecode.py
+    except ValueError as e:          # not an io.containerd.cgroups.v1.Metrics
         log.debug("undecodable stats", extra={"id": object_id, "type_url": resp.stats.type_url, "error": str(e)})
         return None
 
 
-async def _none() -> None:
-    return None
+async def _no_reading() -> tuple[int, Any]:
+    return time.time_ns(), None
 
 
 async def layer_usage(svc: Services, container_id: str) -> Layer | None:
+    """The container's writable-layer usage: a walk younger than _LAYER_MAX_AGE_NS (+-20%), else a new one."""
+    if svc.images is None:
+        return None
+    max_age = int(_LAYER_MAX_AGE_NS * random.uniform(0.8, 1.2))
+    return await readings(svc).layers.get(container_id, "", max_age, lambda: _walk_layer(svc, container_id),
+                                          keep=lambda v: v is not None)
+
+
+async def _walk_layer(svc: Services, container_id: str) -> Layer | None:
     images = svc.images
     if images is None:
         return None
@@ -146,7 +250,7 @@ async def layer_usage(svc: Services, container_id: str) -> Layer | None:
     except Exception as e:  # noqa: BLE001 -- a snapshot that vanished has no usage; never fail the stats call
         log.debug("no writable layer usage", extra={"id": container_id, "error": str(e)})
         return None
-    return Layer(images.snapshots.active_dir, u.bytes, u.inodes)
+    return Layer(images.snapshots.active_dir, u.bytes, u.inodes, time.time_ns())
 
 
 def process_counts(pid: int, tasks: int | None) -> Processes | None:
@@ -176,8 +280,8 @@ def _count_entries(pids: list[int], sub: str) -> int:
 
 async def sample_container(svc: Services, r: ContainerRecord, processes: bool = False) -> ContainerSample:
     running = r.state == ContainerState.RUNNING
-    m = await _metrics(svc, r.id, r.shim_address) if running else None
-    s = ContainerSample(record=r, now=time.time_ns(), metrics=m)
+    now, m = await _metrics(svc, r.id, r.shim_address) if running else (time.time_ns(), None)
+    s = ContainerSample(record=r, now=now, metrics=m)
     s.layer = await layer_usage(svc, r.id)
     if processes and m is not None and r.pid:
         tasks = m.pids.current if m.pids is not None and m.pids.current else None
@@ -210,11 +314,16 @@ def read_net_dev(pid: int) -> list[Interface] | None:
 async def sample_pod(svc: Services, sb: SandboxRecord, processes: bool = False) -> PodSample:
     ready = sb.state == SandboxState.READY
     containers = [c for c in svc.store.containers_of(sb.id) if not c.extra.get("creating")]
-    pause, samples = await asyncio.gather(
-        _metrics(svc, sb.id, sb.shim_address) if ready else _none(),
-        asyncio.gather(*(sample_container(svc, c, processes) for c in containers)))
+    (at, pause), *samples = await asyncio.gather(
+        _metrics(svc, sb.id, sb.shim_address) if ready else _no_reading(),
+        *(sample_container(svc, c, processes) for c in containers))
     net = read_net_dev(sb.pid) if ready and sb.netns_path and sb.pid else None
-    return PodSample(sandbox=sb, now=time.time_ns(), pause=pause, containers=list(samples), network=net)
+    # The pod's figures are sums of these readings: they carry the newest one's time (a reading reused from a
+    # moment ago keeps its own, so the pod's CPU rate spans the window its numbers do).
+    times = [at] if pause is not None else []
+    times += [c.now for c in samples if c.metrics is not None]
+    return PodSample(sandbox=sb, now=max(times) if times else time.time_ns(), pause=pause,
+                     containers=list(samples), network=net)
 
 
 # -- memory figures (stats and metrics) -------------------------------------------------------------------
@@ -307,7 +416,7 @@ def container_stats_from(s: ContainerSample) -> pb.ContainerStats:
             st.swap.CopyFrom(swap)
     if s.layer is not None:
         st.writable_layer.CopyFrom(pb.FilesystemUsage(
-            timestamp=s.now, fs_id=pb.FilesystemIdentifier(mountpoint=s.layer.mountpoint),
+            timestamp=s.layer.at or s.now, fs_id=pb.FilesystemIdentifier(mountpoint=s.layer.mountpoint),
             used_bytes=_u64(s.layer.bytes), inodes_used=_u64(s.layer.inodes)))
     return st
 
@@ -325,7 +434,7 @@ async def list_container_stats(svc: Services, req: pb.ListContainerStatsRequest)
         if req.HasField("filter") else ContainerFilter()
     recs = [r for r in svc.store.list_containers(flt) if not r.extra.get("creating")]
     samples = await asyncio.gather(*(sample_container(svc, r) for r in recs))
-    _rates.forget_missing({r.id for r in svc.store.list_containers()} | {s.id for s in svc.store.list_sandboxes()})
+    forget_gone(svc)
     return pb.ListContainerStatsResponse(stats=[container_stats_from(s) for s in samples])
 
 
@@ -402,4 +511,5 @@ async def list_pod_sandbox_stats(svc: Services,
     flt = SandboxFilter(id=f.id, label_selector=dict(f.label_selector)) if req.HasField("filter") \
         else SandboxFilter()
     samples = await asyncio.gather(*(sample_pod(svc, s) for s in ready_sandboxes(svc, flt)))
+    forget_gone(svc)
     return pb.ListPodSandboxStatsResponse(stats=[sandbox_stats_from(p) for p in samples])

@@ -1,7 +1,7 @@
 """What spec options read: the CRI request, the image config, the sandbox the container joins, the host.
 
 Plain records, filled by the RPC handlers (phase 2) or by tests; nothing here does I/O except
-HostInfo.detect().
+HostInfo.detect() and the hugetlb_controller() it calls.
 """
 from __future__ import annotations
 
@@ -42,9 +42,13 @@ class HostInfo:
     hugepage_sizes: tuple[str, ...] = ()   # "2MB", "1GB"
     nofile_limit: int = 1048576            # RLIMIT_NOFILE of containers (capped where hard limits cannot rise)
     mountinfo: Callable[[], str] = lambda: open("/proc/self/mountinfo").read()
+    systemd_cgroup: bool = False           # the systemd cgroup driver: slice parents, slice:husk:<id> paths
+    hugetlb_controller: bool = True        # the containers' cgroup hierarchy has the hugetlb controller
+    tolerate_missing_hugetlb: bool = False  # without it, drop limits of 0 (config: tolerate_missing_...)
 
     @staticmethod
-    def detect(oom: OomScorePolicy) -> "HostInfo":
+    def detect(oom: OomScorePolicy, systemd_cgroup: bool = False,
+               tolerate_missing_hugetlb: bool = True) -> "HostInfo":
         from cri_server.spec.caps import host_capabilities
         sizes = []
         try:
@@ -55,7 +59,33 @@ class HostInfo:
             pass
         swap = (os.path.exists("/sys/fs/cgroup/memory/memory.memsw.limit_in_bytes")
                 or os.path.exists("/sys/fs/cgroup/memory.swap.max"))
-        return HostInfo(host_capabilities(), oom, swap, tuple(sizes), nofile_limit(oom))
+        hugetlb = hugetlb_controller()
+        if not hugetlb:
+            import logging
+            logging.getLogger(__name__).info(
+                "no hugetlb cgroup controller for containers: %s", "hugepage limits of 0 are dropped, others "
+                "refused" if tolerate_missing_hugetlb else "hugepage limits go to the runtime, which refuses them")
+        return HostInfo(host_capabilities(), oom, swap, tuple(sizes), nofile_limit(oom),
+                        systemd_cgroup=systemd_cgroup, hugetlb_controller=hugetlb,
+                        tolerate_missing_hugetlb=tolerate_missing_hugetlb)
+
+
+def hugetlb_controller() -> bool:
+    """Whether containers can get hugetlb limits, decided as containerd does: on a cgroup v2 host the root's
+    cgroup.controllers lists hugetlb; on v1 and hybrid hosts a v1 hugetlb hierarchy is mounted (the runtime
+    writes v1 limits only there, even when the hybrid host's cgroup2 mount has the controller)."""
+    from runtime.cgroups import CGROUP_ROOT, is_unified
+    if is_unified():
+        try:
+            with open(os.path.join(CGROUP_ROOT, "cgroup.controllers")) as f:
+                return "hugetlb" in f.read().split()
+        except OSError:
+            return False
+    from runtime.cgroups.v1 import hierarchies
+    try:
+        return "hugetlb" in hierarchies()
+    except OSError:
+        return False
 
 
 def nofile_limit(oom: OomScorePolicy, wanted: int = 1048576) -> int:

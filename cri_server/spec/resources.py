@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 
 from cri_server.api.v1 import api_pb2 as pb
-from cri_server.spec.context import ContainerContext, SandboxContext, Spec, ensure, invalid
+from cri_server.spec.context import ContainerContext, HostInfo, SandboxContext, Spec, ensure, invalid
 
 # containerd's CPU shares for the pause container: it needs almost nothing.
 SANDBOX_CPU_SHARES = 2
@@ -12,8 +12,10 @@ _CPUSET = re.compile(r"^(\d+(-\d+)?)(,\d+(-\d+)?)*$")
 _PAGE_SIZE = re.compile(r"^\d+(KB|MB|GB|TB|PB)$")
 
 
-def linux_resources(r: pb.LinuxContainerResources, field: str, swap_controller: bool) -> dict:
-    """The OCI linux.resources object for CRI resources; zero means unset, negative is an error."""
+def linux_resources(r: pb.LinuxContainerResources, field: str, swap_controller: bool,
+                    drop_zero_hugepage_limits: bool = False) -> dict:
+    """The OCI linux.resources object for CRI resources; zero means unset, negative is an error.
+    `drop_zero_hugepage_limits`: the node has no hugetlb controller and tolerates that (`hugepage_policy`)."""
     out: dict = {}
     for name in ("cpu_period", "cpu_quota", "cpu_shares", "memory_limit_in_bytes"):
         if getattr(r, name) < 0 and not (name == "cpu_quota" and r.cpu_quota == -1):
@@ -49,6 +51,12 @@ def linux_resources(r: pb.LinuxContainerResources, field: str, swap_controller: 
     for i, h in enumerate(r.hugepage_limits):
         if not _PAGE_SIZE.match(h.page_size):
             raise invalid(f"{field}.hugepage_limits[{i}].page_size", f"{h.page_size!r} is not like 2MB")
+        if drop_zero_hugepage_limits:
+            if h.limit:
+                raise invalid(f"{field}.hugepage_limits[{i}].limit",
+                              f"{h.limit} bytes of {h.page_size} pages cannot be enforced: this node has no "
+                              "hugetlb cgroup controller (limits of 0 are dropped; a non-zero limit is refused)")
+            continue
         pages.append({"pageSize": h.page_size, "limit": h.limit})
     if pages:
         out["hugepageLimits"] = pages
@@ -60,39 +68,97 @@ def linux_resources(r: pb.LinuxContainerResources, field: str, swap_controller: 
     return out
 
 
+def hugepage_policy(host: HostInfo) -> bool:
+    """True when limits of 0 are to be dropped: no hugetlb controller, and the config tolerates that (kubelet
+    sends a limit of 0 for every page size the node has, so a node without the controller could run nothing).
+    Otherwise every limit goes to the runtime, which applies it or refuses it."""
+    return not host.hugetlb_controller and host.tolerate_missing_hugetlb
+
+
 def with_resources(spec: Spec, ctx: ContainerContext) -> None:
-    res = linux_resources(ctx.config.linux.resources, "config.linux.resources", ctx.host.swap_controller)
+    res = linux_resources(ctx.config.linux.resources, "config.linux.resources", ctx.host.swap_controller,
+                          hugepage_policy(ctx.host))
     target = ensure(spec, "linux", "resources")
     target.update(res)
 
 
-def cgroups_path(parent: str, object_id: str) -> str:
-    """cgroupfs driver: <cgroup_parent>/<id>, absolute (kubelet sends /kubepods/... parents)."""
-    parent = parent or "/husk"
+# systemd driver: cgroupsPath "<slice>:husk:<id>", which the runtime makes the scope husk-<id>.scope in that slice
+# (containerd's prefix is cri-containerd). Without a parent: system.slice, where runc's systemd driver puts a
+# container whose cgroupsPath is empty (containerd itself sends /k8s.io/<id> there, which runc refuses).
+SCOPE_PREFIX = "husk"
+DEFAULT_SLICE = "system.slice"
+DEFAULT_CGROUPFS_PARENT = "/husk"
+# systemd's unit name characters, less ':' (the cgroupsPath separator) and '@' (slices are not templates)
+_SLICE = re.compile(r"^[A-Za-z0-9_.\\-]+\.slice$")
+
+
+def cgroups_path(parent: str, object_id: str, systemd: bool = False) -> str:
+    """The OCI cgroupsPath of a sandbox or container from its pod's (checked) cgroup parent.
+    cgroupfs: <cgroup_parent>/<id>, absolute (kubelet sends /kubepods/... parents); systemd: <slice>:husk:<id>."""
+    if systemd:
+        return f"{parent or DEFAULT_SLICE}:{SCOPE_PREFIX}:{object_id}"
+    parent = parent or DEFAULT_CGROUPFS_PARENT
     if not parent.startswith("/"):
         parent = "/" + parent
     return parent.rstrip("/") + "/" + object_id
 
 
-def with_cgroups_path(spec: Spec, ctx: ContainerContext) -> None:
-    parent = ctx.sandbox.cgroup_parent or ctx.sandbox_config.linux.cgroup_parent
-    _check_parent(parent)
-    ensure(spec, "linux")["cgroupsPath"] = cgroups_path(parent, ctx.id)
-
-
-def _check_parent(parent: str) -> None:
+def check_parent(parent: str, systemd: bool, field: str = "config.linux.cgroup_parent") -> str:
+    """The pod's cgroup parent as the driver takes it, or InvalidArgument. systemd: the slice, given as its path
+    (what kubelet sends: /kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid>.slice; the last one
+    is used, as containerd does, and the path must be where systemd puts it) or as its name alone; cgroupfs: a
+    path without '..'."""
+    if systemd:
+        return _check_slice(parent, field)
     if parent.endswith(".slice"):
-        raise invalid("config.linux.cgroup_parent",
-                      f"{parent!r} is a systemd slice; husk-cri uses the cgroupfs driver (paths like /kubepods/x)")
+        raise invalid(field, f"{parent!r} is a systemd slice, but husk-cri uses the cgroupfs driver (paths like "
+                             "/kubepods/x); set runtime.systemd_cgroup = true for kubelet's systemd cgroup driver")
     if ".." in parent.split("/"):
-        raise invalid("config.linux.cgroup_parent", f"{parent!r} must not contain '..'")
+        raise invalid(field, f"{parent!r} must not contain '..'")
+    return parent
+
+
+def _check_slice(parent: str, field: str) -> str:
+    if not parent:
+        return ""
+    parts = [p for p in parent.split("/") if p]
+    if not parts or not all(p.endswith(".slice") for p in parts):
+        raise invalid(field, f"{parent!r} is not a systemd slice, but husk-cri uses the systemd cgroup driver "
+                             "(runtime.systemd_cgroup = true): a parent is a slice like kubepods-burstable-pod<uid>"
+                             ".slice; set systemd_cgroup = false for kubelet's cgroupfs driver")
+    leaf = parts[-1]
+    if not _SLICE.match(leaf) or len(leaf) > 255:
+        raise invalid(field, f"{leaf!r} is not a valid slice name (letters, digits, '_', '.', '-' and '\\', "
+                             "ending in .slice)")
+    expanded = expand_slice(leaf, field)
+    if len(parts) > 1 and "/" + "/".join(parts) != expanded:
+        raise invalid(field, f"{parent!r} is not where systemd puts {leaf} ({expanded})")
+    return leaf
+
+
+def expand_slice(name: str, field: str = "config.linux.cgroup_parent") -> str:
+    """The cgroup directory of a slice relative to the root: a-b-c.slice -> /a.slice/a-b.slice/a-b-c.slice
+    (systemd's rule: each '-' nests one level; '-.slice' is the root), as the runtime's systemd driver places
+    its scopes; an invalid name is InvalidArgument naming `field`."""
+    from runtime.cgroups.systemd import expand_slice as runtime_expand_slice
+    from runtime.errors import ConfigError
+    try:
+        return runtime_expand_slice(name)
+    except ConfigError as e:
+        raise invalid(field, e.reason) from None
+
+
+def with_cgroups_path(spec: Spec, ctx: ContainerContext) -> None:
+    systemd = ctx.host.systemd_cgroup
+    parent = check_parent(ctx.sandbox.cgroup_parent or ctx.sandbox_config.linux.cgroup_parent, systemd)
+    ensure(spec, "linux")["cgroupsPath"] = cgroups_path(parent, ctx.id, systemd)
 
 
 def with_sandbox_resources(spec: Spec, ctx: SandboxContext) -> None:
-    parent = ctx.config.linux.cgroup_parent
-    _check_parent(parent)
+    systemd = ctx.host.systemd_cgroup
+    parent = check_parent(ctx.config.linux.cgroup_parent, systemd)
     linux = ensure(spec, "linux")
-    linux["cgroupsPath"] = cgroups_path(parent, ctx.id)
+    linux["cgroupsPath"] = cgroups_path(parent, ctx.id, systemd)
     ensure(linux, "resources", "cpu")["shares"] = SANDBOX_CPU_SHARES
 
 

@@ -332,6 +332,8 @@ class Store:
             candidates = [rec] if rec else []
         else:
             candidates = list(self._sandboxes.values())
+        if flt.state is None and not flt.label_selector:
+            return candidates
         return [r for r in candidates if flt.matches(r)]
 
     def list_containers(self, flt: ContainerFilter | None = None) -> list[ContainerRecord]:
@@ -355,4 +357,6 @@ class Store:
             candidates = self.containers_of(flt.sandbox_id)
         else:
             candidates = list(self._containers.values())
+        if flt.state is None and not flt.sandbox_id and not flt.label_selector:
+            return candidates
         return [r for r in candidates if flt.matches(r)]

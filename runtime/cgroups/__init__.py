@@ -1,7 +1,8 @@
 """Cgroup managers: `manager.py` holds the interface and the shared stats record; `v1.py` and `v2.py` implement it.
 
 This module picks the implementation the host has (`manager_for`) and resolves an OCI cgroupsPath the way
-runc's cgroupfs driver does (`resolve_path`). It imports the chosen implementation lazily.
+runc's cgroupfs driver does (`resolve_path`); the systemd driver (`slice:prefix:name`, a transient scope made
+over D-Bus) is `systemd.py` + `systemd_dbus.py`. It imports the chosen implementation lazily.
 """
 from __future__ import annotations
 
@@ -42,7 +43,13 @@ def _mount_type(path: str) -> str | None:
     return found
 
 
-def manager_for(path: str) -> "Manager":
+def manager_for(path: str, systemd_unit: str | None = None) -> "Manager":
+    """The manager of the cgroup at `path`; with `systemd_unit` (a container made with --systemd-cgroup) the
+    systemd driver's, whose set() and destroy() also go through systemd (only update and delete need that:
+    every other verb reads and writes the scope's files and may use the plain manager of `path`)."""
+    if systemd_unit:
+        from runtime.cgroups.systemd import SystemdManager, Unit
+        return SystemdManager(Unit("", systemd_unit, path))
     if is_unified():
         from runtime.cgroups.v2 import V2Manager
         return V2Manager(path)
@@ -75,11 +82,13 @@ def own_cgroup() -> str:
 
 def resolve_path(cgroups_path: str | None, container_id: str) -> str:
     """runc's cgroupfs rules: absolute as given; relative joined under the caller's own cgroup;
-    empty means the relative path `<container_id>`. systemd-style `slice:prefix:name` is rejected."""
+    empty means the relative path `<container_id>`. systemd-style `slice:prefix:name` is refused, as runc
+    refuses it without --systemd-cgroup (systemd.parse_path resolves those)."""
     p = cgroups_path or container_id
     if ":" in p and not p.startswith("/"):
         from runtime.errors import ConfigError
-        raise ConfigError("linux.cgroupsPath", f"{p!r} is a systemd cgroup path; husk has only the cgroupfs driver")
+        raise ConfigError("linux.cgroupsPath", f"{p!r} is a systemd cgroup path (slice:prefix:name): it needs "
+                                               f"the systemd cgroup driver (husk --systemd-cgroup)")
     if not p.startswith("/"):
         p = os.path.join(own_cgroup(), p)
     p = os.path.normpath(p)

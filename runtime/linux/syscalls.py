@@ -193,6 +193,23 @@ def set_name(name: str) -> None:
     _check(_libc.prctl(PR_SET_NAME, ctypes.cast(buf, ctypes.c_void_p).value or 0, 0, 0, 0), "prctl(PR_SET_NAME)")
 
 
+def environ_to_heap(lo: int, hi: int) -> None:
+    """Points every entry of libc's `environ` whose string lies in [lo, hi) at a heap copy (never freed), so that
+    the memory there can be reused (the process title, shim/proctitle.py) while getenv keeps working."""
+    strdup = _libc.strdup
+    strdup.restype, strdup.argtypes = ctypes.c_void_p, [ctypes.c_void_p]
+    environ = ctypes.POINTER(ctypes.c_void_p).in_dll(_libc, "environ")
+    i = 0
+    while environ[i]:
+        p = environ[i]
+        if lo <= p < hi:
+            copy = strdup(p)
+            if not copy:
+                raise OSError(12, "strdup of an environment string: out of memory")
+            environ[i] = copy
+        i += 1
+
+
 # --- capabilities (linux/capability.h, version 3: two 32-bit words per set) -------------
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 

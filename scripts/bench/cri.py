@@ -6,7 +6,14 @@ Per runtime, N rounds (alternating between the runtimes): RunPodSandbox; CreateC
 busybox `sleep 3600`; StopPodSandbox+RemovePodSandbox of that pod. Medians (and min/max) in ms. Then memory:
 the daemon's RSS/PSS with 0 pods and with P pods (one sleeping container each), and the shims' PSS.
 
+Burst mode (`--burst N --parallel P`), as kubelet starts pods: N pods (RunPodSandbox, CreateContainer,
+StartContainer of busybox `sleep 3600` each) started by P concurrent clients, wall time and pods/s, the shims'
+memory with the N pods up, then the N pods torn down (StopPodSandbox+RemovePodSandbox) by P clients; repeated
+--repeat times, husk-cri and containerd interleaved (h, c, c, h, h, c...), medians reported with the ratio
+husk/containerd. The latency rounds and the memory steps above are skipped in that mode.
+
 Usage: scripts/bench/cri [--rounds 20] [--pods 20] [--out DIR] [--runtime in-process|runc] [--log-level warn]
+       scripts/bench/cri --burst 40 --parallel 8 [--repeat 2] [...]
 """
 from __future__ import annotations
 
@@ -18,8 +25,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Appended, not prepended: husk itself comes from the installed (byte-compiled) copy the wrapper made; only
@@ -134,6 +144,18 @@ def _pids_with(text: str) -> list[int]:
     return out
 
 
+def _children(pid: int) -> list[int]:
+    out = []
+    for p in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                if p.isdigit() and int(f.read().rpartition(")")[2].split()[1]) == pid:
+                    out.append(int(p))
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
 def _memory(pid: int) -> dict[str, int]:
     """VmRSS and, from smaps_rollup, Pss and anonymous RSS, in kB."""
     out = {}
@@ -166,6 +188,7 @@ class Driver:
         self.log_root = log_root
         self.times: dict[str, list[float]] = {"run": [], "create": [], "start": [], "create_start": [],
                                               "stop_remove": []}
+        self.shim_memory: Any = None      # () -> the shims' memory (_shim_memory), set by main()
 
     def pull(self, ref: str) -> None:
         from cri_server.api.v1 import api_pb2 as pb
@@ -215,6 +238,82 @@ class Driver:
             self.remove_pod(p.id, False)
 
 
+def _burst_once(d: Driver, n: int, parallel: int, prefix: str) -> dict:
+    """Starts n pods (sandbox + one container) with `parallel` concurrent clients, measures the shims' memory
+    with all up, tears them down the same way. Wall times in s; failures counted, never fatal."""
+    lock = threading.Lock()
+    per_pod: list[float] = []
+    errors: list[str] = []
+
+    def up(i: int) -> str | None:
+        t0 = time.perf_counter()
+        try:
+            pod_id = d.run_pod_with_container(f"{prefix}-{i}", False)
+        except Exception as e:  # noqa: BLE001 -- counted and reported, the burst goes on
+            with lock:
+                errors.append(f"start {prefix}-{i}: {e}")
+            return None
+        with lock:
+            per_pod.append((time.perf_counter() - t0) * 1e3)
+        return pod_id
+
+    def down(pod_id: str) -> None:
+        try:
+            d.remove_pod(pod_id, False)
+        except Exception as e:  # noqa: BLE001
+            with lock:
+                errors.append(f"remove {pod_id[:12]}: {e}")
+
+    with ThreadPoolExecutor(parallel) as ex:
+        t0 = time.perf_counter()
+        pods = [p for p in ex.map(up, range(n)) if p]
+        t_up = time.perf_counter() - t0
+        mem = d.shim_memory() if d.shim_memory is not None else {}
+        t1 = time.perf_counter()
+        list(ex.map(down, pods))
+        t_down = time.perf_counter() - t1
+    return {"start_s": round(t_up, 2), "pods_per_s": round(len(pods) / t_up, 2) if t_up else 0.0,
+            "teardown_s": round(t_down, 2), "started": len(pods), "errors": errors[:10], "n_errors": len(errors),
+            "per_pod_ms": _stats(per_pod) if per_pod else {}, "shims": mem}
+
+
+def run_burst(drivers: list[Driver], n: int, parallel: int, repeat: int, tag: str,
+              log: Any) -> dict:
+    """--repeat bursts per driver, interleaved (ABBA...), so that a change in the machine's load hits both."""
+    runs: dict[str, list[dict]] = {d.name: [] for d in drivers}
+    for d in drivers:       # one pod each first: nothing in the bursts is a first time (caches, snapshots)
+        d.remove_pod(d.run_pod_with_container(f"w-{tag}", False), False)
+    seq = 0
+    for r in range(repeat):
+        for d in (drivers if r % 2 == 0 else list(reversed(drivers))):
+            res = _burst_once(d, n, parallel, f"u{r}-{tag}")
+            res["load"] = round(os.getloadavg()[0], 2)
+            res["seq"] = seq
+            seq += 1
+            runs[d.name].append(res)
+            log(f"burst {r + 1}/{repeat} {d.name}: {res['started']}/{n} pods in {res['start_s']} s "
+                f"({res['pods_per_s']} pods/s), teardown {res['teardown_s']} s, {res['n_errors']} errors")
+    out: dict = {"n": n, "parallel": parallel, "repeat": repeat, "runs": runs, "median": {}}
+    for name, rs in runs.items():
+        med = {k: round(statistics.median(x[k] for x in rs), 2) for k in ("start_s", "teardown_s")}
+        med["pods_per_s"] = round(n / med["start_s"], 2) if med["start_s"] else 0.0   # of the median start
+        out["median"][name] = med
+    return out
+
+
+def _shim_memory(pids: list[int]) -> dict:
+    ms = []
+    for p in pids:
+        try:
+            ms.append(_memory(p))
+        except OSError:
+            continue
+    if not ms:
+        return {}
+    return {"count": len(ms), "Pss_median": statistics.median(m["Pss"] for m in ms),
+            "Pss_sum": sum(m["Pss"] for m in ms), "VmRSS_median": statistics.median(m["VmRSS"] for m in ms)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=20)
@@ -226,7 +325,13 @@ def main() -> int:
     ap.add_argument("--skip-containerd", action="store_true")
     ap.add_argument("--log-level", default="warn",
                     help="husk-cri's log level (containerd runs at warn here: the same by default)")
+    ap.add_argument("--burst", type=int, default=0, metavar="N",
+                    help="burst mode: start N pods with --parallel clients, then tear them down")
+    ap.add_argument("--parallel", type=int, default=10, metavar="P", help="concurrent clients in burst mode")
+    ap.add_argument("--repeat", type=int, default=2, help="bursts per runtime, interleaved (burst mode)")
     a = ap.parse_args()
+    if a.burst and a.parallel < 1:
+        ap.error("--parallel must be at least 1")
     # A SIGTERM (e.g. from `timeout`) must still run the cleanup below: raise instead of dying.
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda n, _f: sys.exit(128 + n))
@@ -259,50 +364,61 @@ def main() -> int:
                          log_level=a.log_level)
         husk.start()
         drivers.append(Driver("husk-cri", husk.socket, f"/hcb-husk-{tag}", os.path.join(a.out, "logs")))
+        drivers[0].shim_memory = lambda: _shim_memory(husk.shim_pids())
         if not a.skip_containerd:
             ctd_net = PodNetwork(os.path.join(a.out, "ctd-net"))
             ctd = CriContainerd(f"/run/hcb-{tag}", ctd_net.conf_dir, certs)
             ctd.start()
             drivers.append(Driver("containerd-1.6", ctd.socket, f"/hcb-ctd-{tag}", os.path.join(a.out, "logs")))
+            ctd_dir = ctd.d
+            drivers[1].shim_memory = lambda: _shim_memory([p for p in _pids_with("containerd-shim-runc-v2")
+                                                           if _is_under(p, ctd_dir)])
         for d in drivers:
             d.pull(SANDBOX_IMAGE)
             d.pull(BUSYBOX)
-        log(f"warm-up and {a.rounds} rounds on {', '.join(d.name for d in drivers)}")
-        for i in range(a.warmup + a.rounds):
-            for d in (drivers if i % 2 == 0 else list(reversed(drivers))):
-                pod_id = d.run_pod_with_container(f"b{i}-{tag}", i >= a.warmup)
-                d.remove_pod(pod_id, i >= a.warmup)
-        results["latency_ms"] = {d.name: {k: _stats(v) for k, v in d.times.items()} for d in drivers}
+        if a.burst:
+            results["burst"] = run_burst(drivers, a.burst, a.parallel, a.repeat, tag, log)
+            results["load_after"] = os.getloadavg()
+        else:
+            log(f"warm-up and {a.rounds} rounds on {', '.join(d.name for d in drivers)}")
+            for i in range(a.warmup + a.rounds):
+                for d in (drivers if i % 2 == 0 else list(reversed(drivers))):
+                    pod_id = d.run_pod_with_container(f"b{i}-{tag}", i >= a.warmup)
+                    d.remove_pod(pod_id, i >= a.warmup)
+            results["latency_ms"] = {d.name: {k: _stats(v) for k, v in d.times.items()} for d in drivers}
 
-        # Memory: a freshly restarted husk-cri with no pods, then P pods with one container each.
-        husk.stop()
-        husk.start()
-        drivers[0] = Driver("husk-cri", husk.socket, drivers[0].cgroup_parent, drivers[0].log_root)
-        time.sleep(3)
-        mem: dict = {"husk-cri": {"0 pods": _memory(husk.proc.pid)}}
-        if ctd is not None:
-            mem["containerd-1.6"] = {"0 pods": _memory(ctd.proc.pid)}
-        for d in drivers:
-            for i in range(a.pods):
-                d.run_pod_with_container(f"m{i}-{tag}", False)
-        time.sleep(3)
-        mem["husk-cri"][f"{a.pods} pods"] = _memory(husk.proc.pid)
-        shims = [_memory(p) for p in husk.shim_pids()]
-        mem["husk-shim"] = {"count": len(shims), "Pss_median": statistics.median(s["Pss"] for s in shims),
-                            "Pss_sum": sum(s["Pss"] for s in shims),
-                            "VmRSS_median": statistics.median(s["VmRSS"] for s in shims)}
-        if ctd is not None:
-            mem["containerd-1.6"][f"{a.pods} pods"] = _memory(ctd.proc.pid)
-            cshims = [_memory(p) for p in _pids_with("containerd-shim-runc-v2") if _is_under(p, ctd.d)]
-            if cshims:
-                mem["containerd-shim-runc-v2"] = {"count": len(cshims),
-                                                  "Pss_median": statistics.median(s["Pss"] for s in cshims),
-                                                  "Pss_sum": sum(s["Pss"] for s in cshims),
-                                                  "VmRSS_median": statistics.median(s["VmRSS"] for s in cshims)}
-        results["memory_kB"] = mem
-        for d in drivers:
-            d.remove_all()
-        results["load_after"] = os.getloadavg()
+            # Memory: a freshly restarted husk-cri with no pods, then P pods with one container each.
+            husk.stop()
+            husk.start()
+            drivers[0] = Driver("husk-cri", husk.socket, drivers[0].cgroup_parent, drivers[0].log_root)
+            time.sleep(3)
+            mem: dict = {"husk-cri": {"0 pods": _memory(husk.proc.pid)}}
+            if ctd is not None:
+                mem["containerd-1.6"] = {"0 pods": _memory(ctd.proc.pid)}
+            for d in drivers:
+                for i in range(a.pods):
+                    d.run_pod_with_container(f"m{i}-{tag}", False)
+            time.sleep(3)
+            mem["husk-cri"][f"{a.pods} pods"] = _memory(husk.proc.pid)
+            spawners = _children(husk.proc.pid)      # the spawner (zygote) is husk-cri's only child
+            if spawners:
+                mem["husk-cri's spawner"] = {f"{a.pods} pods": _memory(spawners[0])}
+            shims = [_memory(p) for p in husk.shim_pids()]
+            mem["husk-shim"] = {"count": len(shims), "Pss_median": statistics.median(s["Pss"] for s in shims),
+                                "Pss_sum": sum(s["Pss"] for s in shims),
+                                "VmRSS_median": statistics.median(s["VmRSS"] for s in shims)}
+            if ctd is not None:
+                mem["containerd-1.6"][f"{a.pods} pods"] = _memory(ctd.proc.pid)
+                cshims = [_memory(p) for p in _pids_with("containerd-shim-runc-v2") if _is_under(p, ctd.d)]
+                if cshims:
+                    mem["containerd-shim-runc-v2"] = {"count": len(cshims),
+                                                      "Pss_median": statistics.median(s["Pss"] for s in cshims),
+                                                      "Pss_sum": sum(s["Pss"] for s in cshims),
+                                                      "VmRSS_median": statistics.median(s["VmRSS"] for s in cshims)}
+            results["memory_kB"] = mem
+            for d in drivers:
+                d.remove_all()
+            results["load_after"] = os.getloadavg()
     finally:
         for d in drivers:
             d.channel.close()
@@ -318,7 +434,7 @@ def main() -> int:
             remove_cgroup_tree(d.cgroup_parent)
     with open(os.path.join(a.out, "results.json"), "w") as f:
         json.dump(results, f, indent=1)
-    print(_table(results))
+    print(_burst_table(results["burst"]) if a.burst else _table(results))
     return 0
 
 
@@ -329,6 +445,25 @@ def _is_under(pid: int, d: str) -> bool:
             return d.encode() in f.read()
     except OSError:
         return False
+
+
+def _burst_table(b: dict) -> str:
+    names = list(b["median"])
+    lines = [f"| {b['n']} pods, {b['parallel']} at a time, median of {b['repeat']} | " + " | ".join(names)
+             + (" | husk/containerd |" if len(names) == 2 else " |"), "|---|" + "---|" * (len(names) + (len(names) == 2))]
+    for key, label in (("start_s", "start (RunPodSandbox+CreateContainer+StartContainer), s"),
+                       ("pods_per_s", "pods/s"), ("teardown_s", "teardown (StopPodSandbox+RemovePodSandbox), s")):
+        vals = [b["median"][n][key] for n in names]
+        ratio = f" | {vals[0] / vals[1]:.2f}" if len(vals) == 2 and vals[1] else ""
+        lines.append(f"| {label} | " + " | ".join(str(v) for v in vals) + ratio + " |")
+    lines += ["", "| run (in order) | start s | pods/s | teardown s | per pod ms, median (max) | errors | load | "
+              "shims | shim Pss median kB | shims' Pss sum kB |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for n, i, r in sorted(((n, i, r) for n in names for i, r in enumerate(b["runs"][n])), key=lambda x: x[2]["seq"]):
+        pp, sh = r["per_pod_ms"], r["shims"]
+        lines.append(f"| {n} #{i + 1} | {r['start_s']} | {r['pods_per_s']} | {r['teardown_s']} | "
+                     f"{pp.get('median')} ({pp.get('max')}) | {r['n_errors']} | {r['load']} | {sh.get('count')} | "
+                     f"{sh.get('Pss_median')} | {sh.get('Pss_sum')} |")
+    return "\n".join(lines)
 
 
 def _table(r: dict) -> str:

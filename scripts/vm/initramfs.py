@@ -167,7 +167,7 @@ def build(busybox: Path, init_script: str, modules: list[tuple[str, Path]],
           extra_files: dict[str, tuple[bytes, int]] | None = None) -> bytes:
     """The whole initramfs: /init (the script), /bin/busybox, the modules (name, .ko path; in load order) as
     /lib/modules/<name>.ko listed in /lib/modules/load-order, /dev/console, and `extra_files`
-    (archive path -> (contents, permission bits))."""
+    (archive path -> (contents, permission bits); their missing parent directories are added)."""
     entries = [dir_entry(d) for d in ("bin", "dev", "proc", "sys", "run", "tmp", "mnt", "newroot", "lib",
                                       "lib/modules")]
     entries.append(chardev_entry("dev/console", 5, 1))
@@ -178,6 +178,13 @@ def build(busybox: Path, init_script: str, modules: list[tuple[str, Path]],
     for name, path in modules:
         entries.append(file_entry(f"lib/modules/{name}.ko", path.read_bytes()))
     entries.append(file_entry("lib/modules/load-order", "".join(f"{n}\n" for n, _ in modules).encode()))
+    have = {e.name for e in entries}
     for path, (data, perm) in sorted((extra_files or {}).items()):
+        parts = path.split("/")[:-1]      # the kernel's unpacker makes no missing parent directory
+        for i in range(1, len(parts) + 1):
+            parent = "/".join(parts[:i])
+            if parent not in have:
+                have.add(parent)
+                entries.append(dir_entry(parent))
         entries.append(file_entry(path, data, perm))
     return write_cpio(entries)

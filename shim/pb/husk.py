@@ -13,7 +13,7 @@ PACKAGE = "husk.shim.v1"
 
 
 class CreateOptions(Message):
-    __slots__ = ('log_path', 'runtime', 'runtime_root', 'stdin_once', 'attach', 'cgroup_path')
+    __slots__ = ('log_path', 'runtime', 'runtime_root', 'stdin_once', 'attach', 'cgroup_path', 'systemd_cgroup')
     FULL_NAME = "husk.shim.v1.CreateOptions"
     FIELDS = (
         Field(1, "log_path", STRING),
@@ -22,6 +22,7 @@ class CreateOptions(Message):
         Field(4, "stdin_once", BOOL),
         Field(5, "attach", BOOL),
         Field(6, "cgroup_path", STRING),
+        Field(7, "systemd_cgroup", BOOL),
     )
 
 

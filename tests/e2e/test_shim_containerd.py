@@ -206,6 +206,8 @@ def test_dead_shim_is_cleaned_up_by_containerd(containerd):
         shim_pid = int(f.read().rsplit(")", 1)[1].split()[1])
     with open(f"/proc/{shim_pid}/comm") as f:
         assert f.read().strip() == "husk-shim"
+    with open(f"/proc/{shim_pid}/cmdline", "rb") as f:             # as ps -o args / pgrep -f show it
+        assert f.read().rstrip(b"\0").replace(b"\0", b" ").decode() == f"husk-shim {cid}"
     with open(os.path.join(containerd.base, "state", "io.containerd.runtime.v2.task", "default", cid, "address")) as f:
         sock = f.read().strip()[len("unix://"):]
     assert os.path.exists(sock)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.integration import leftover
+from tests.integration.conftest import unique
 
 pytestmark = pytest.mark.root
 
@@ -78,9 +80,20 @@ def test_duplicate_id(husk, make_bundle) -> None:
     assert husk.state(cid)["status"] == "created"
 
 
-def test_systemd_cgroup_flag_is_a_clear_error(husk, make_bundle) -> None:
-    cp = husk("--systemd-cgroup", "state", "whatever", check=False)
-    assert cp.returncode == 1 and "systemd cgroup driver is not implemented" in cp.stderr
+def test_systemd_cgroup_on_a_cgroup_v1_host_is_a_clear_error(husk, make_bundle) -> None:
+    """husk's systemd driver is cgroup v2 only (tests/node/test_systemd_runtime.py runs it under systemd)."""
+    from runtime.cgroups import is_unified
+    if is_unified():
+        pytest.skip("a cgroup v2 host: the systemd driver works here")
+    b = make_bundle(["true"], edit=lambda c: c["linux"].__setitem__("cgroupsPath", "system.slice:husk:x"))
+    cid = unique()
+    husk.created.append(cid)
+    cp = husk("--systemd-cgroup", "create", "--bundle", str(b), cid, check=False, stdin=subprocess.DEVNULL)
+    assert cp.returncode == 1 and "cgroup v2" in cp.stderr and "--systemd-cgroup" in cp.stderr
+    assert not os.path.exists(os.path.join(husk.root, cid))
+    # and a slice path without the flag names the flag, as runc refuses it
+    cp = husk("create", "--bundle", str(b), cid, check=False, stdin=subprocess.DEVNULL)
+    assert cp.returncode == 1 and "--systemd-cgroup" in cp.stderr and "linux.cgroupsPath" in cp.stderr
 
 
 def test_log_json_records_error(husk, tmp_path: Path) -> None:

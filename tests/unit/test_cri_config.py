@@ -63,7 +63,11 @@ def test_socket_path_forms():
     ('[cni]\nbin_dirs = "/opt/cni/bin"\n', "cni.bin_dirs"),
     ('[cni]\nbin_dirs = ["relative"]\n', "cni.bin_dirs"),
     ('[runtime]\nrestrict_oom_score_adj = "maybe"\n', "runtime.restrict_oom_score_adj"),
-    ('[runtime]\ncgroup_driver = "systemd"\n', "runtime.cgroup_driver"),
+    ('[runtime]\ncgroup_driver = "systemdd"\n', "runtime.cgroup_driver"),
+    ('[runtime]\ncgroup_driver = "cgroupfs"\nsystemd_cgroup = true\n', "runtime.cgroup_driver"),
+    ('[runtime]\ncgroup_driver = "systemd"\nsystemd_cgroup = false\n', "runtime.cgroup_driver"),
+    ('[runtime]\nsystemd_cgroup = "true"\n', "runtime.systemd_cgroup"),
+    ('[runtime]\ntolerate_missing_hugetlb_controller = 1\n', "runtime.tolerate_missing_hugetlb_controller"),
     ('[runtime.handlers]\n"" = "runc"\n', "runtime.handlers"),
     ('[paths]\nroot = "var/lib"\n', "paths.root"),
     ('[server]\nlog_level = "verbose"\n', "server.log_level"),
@@ -142,3 +146,49 @@ def test_log_levels_as_containerd_and_crio_spell_them(tmp_path, name, level):
         root.setLevel(saved[0])
     out = CliRunner().invoke(main, ["--log-level", name, "config", "show"])
     assert out.exit_code == 0, out.output
+
+
+def test_cgroup_driver_defaults_and_printed():
+    c = cfg.Config()
+    assert c.runtime.systemd_cgroup is False and c.runtime.cgroup_driver == "cgroupfs"
+    assert c.runtime.tolerate_missing_hugetlb_controller is True
+    doc = tomllib.loads(CliRunner().invoke(main, ["config", "default"]).output)
+    assert doc["runtime"]["systemd_cgroup"] is False
+    assert doc["runtime"]["tolerate_missing_hugetlb_controller"] is True
+    assert "cgroup_driver" not in doc["runtime"]           # one source of truth: systemd_cgroup
+
+
+def test_systemd_cgroup_from_file_and_flags(tmp_path):
+    f = tmp_path / "c.toml"
+    f.write_text("[runtime]\nsystemd_cgroup = true\ntolerate_missing_hugetlb_controller = false\n")
+    c = cfg.load(str(f))
+    assert c.runtime.systemd_cgroup and c.runtime.cgroup_driver == "systemd"
+    assert not c.runtime.tolerate_missing_hugetlb_controller
+    out = CliRunner().invoke(main, ["--config", str(f), "--no-systemd-cgroup", "config", "show"])
+    assert out.exit_code == 0, out.output
+    assert tomllib.loads(out.output)["runtime"]["systemd_cgroup"] is False
+    out = CliRunner().invoke(main, ["--systemd-cgroup", "config", "show"])
+    assert tomllib.loads(out.output)["runtime"]["systemd_cgroup"] is True
+    out = CliRunner().invoke(main, ["config", "show"])
+    assert tomllib.loads(out.output)["runtime"]["systemd_cgroup"] is False
+
+
+@pytest.mark.parametrize("text,systemd", [
+    ('cgroup_driver = "cgroupfs"\n', False),                  # what old files say: still loads
+    ('cgroup_driver = "systemd"\n', True),
+    ('cgroup_driver = "systemd"\nsystemd_cgroup = true\n', True),
+    ('cgroup_driver = "cgroupfs"\nsystemd_cgroup = false\n', False),
+])
+def test_old_cgroup_driver_key_is_the_same_option(tmp_path, text, systemd):
+    f = tmp_path / "c.toml"
+    f.write_text("[runtime]\n" + text)
+    c = cfg.load(str(f))
+    assert c.runtime.systemd_cgroup is systemd
+    assert "cgroup_driver" not in cfg.to_toml(c)
+
+
+def test_contradicting_driver_keys_say_which(tmp_path):
+    f = tmp_path / "c.toml"
+    f.write_text('[runtime]\ncgroup_driver = "cgroupfs"\nsystemd_cgroup = true\n')
+    with pytest.raises(cfg.ConfigError, match="'cgroupfs' contradicts runtime.systemd_cgroup = true"):
+        cfg.load(str(f))

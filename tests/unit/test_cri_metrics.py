@@ -342,3 +342,117 @@ def test_an_undecodable_shim_answer_drops_only_that_container(svc):
     assert {c.container_id for c in pod.container_metrics} == {"c-run", "c-nolayer"}
     (st,) = run(stats.list_pod_sandbox_stats(svc, pb.ListPodSandboxStatsRequest())).stats
     assert "c-garbled" in {c.attributes.id for c in st.linux.containers}
+
+
+# -- readings shared between callers (rpc/stats.py's Recent) --------------------------------------------------
+
+class CountingShims(FakeShims):
+    def __init__(self, by_id, delay: float = 0.0) -> None:
+        super().__init__(by_id)
+        self.calls: list[str] = []
+        self.delay = delay
+
+    async def call(self, object_id, address, method, timeout=None, **kw):
+        self.calls.append(object_id)
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        return await super().call(object_id, address, method, timeout, **kw)
+
+
+class CountingImages(FakeImages):
+    def __init__(self) -> None:
+        self.walks: list[str] = []
+        self.bytes = 8192
+
+    def usage(self, key):
+        self.walks.append(key)
+        return SimpleNamespace(bytes=self.bytes, inodes=5) if key != "c-nolayer" else super().usage(key)
+
+
+def test_pod_then_container_stats_read_each_shim_once(svc):
+    svc.shims = CountingShims(svc.shims.by_id)
+    (pod,) = run(stats.list_pod_sandbox_stats(svc, pb.ListPodSandboxStatsRequest())).stats
+    assert sorted(svc.shims.calls) == ["c-gone", "c-nolayer", "c-run", "sb1"]
+    listed = {s.attributes.id: s for s in
+              run(stats.list_container_stats(svc, pb.ListContainerStatsRequest())).stats}
+    # Right after: the same readings answer (the shim that did not answer is asked again), with their own time.
+    assert sorted(svc.shims.calls) == ["c-gone", "c-gone", "c-nolayer", "c-run", "sb1"]
+    in_pod = {c.attributes.id: c for c in pod.linux.containers}
+    assert listed["c-run"].cpu == in_pod["c-run"].cpu and listed["c-run"].memory == in_pod["c-run"].memory
+
+
+def test_concurrent_callers_share_one_shim_call_and_old_readings_are_read_again(svc, monkeypatch):
+    svc.shims = CountingShims(svc.shims.by_id, delay=0.05)
+    r = svc.store.get_container("c-run")
+
+    async def both():
+        return await asyncio.gather(stats.sample_container(svc, r), stats.sample_container(svc, r))
+    a, b = run(both())
+    assert svc.shims.calls == ["c-run"] and a.now == b.now and a.metrics is b.metrics
+    monkeypatch.setattr(stats, "_READING_MAX_AGE_NS", 0)
+    c = run(stats.sample_container(svc, r))
+    assert svc.shims.calls == ["c-run", "c-run"] and c.now > a.now
+    # A reading is kept for the shim it came from only.
+    monkeypatch.setattr(stats, "_READING_MAX_AGE_NS", 10**12)
+    run(stats.sample_container(svc, r))
+    moved = ContainerRecord(**{**r.__dict__, "shim_address": "unix:///s/elsewhere"})
+    run(stats.sample_container(svc, moved))
+    assert svc.shims.calls == ["c-run"] * 3
+
+
+def test_a_cancelled_caller_does_not_cancel_the_shared_reading(svc):
+    svc.shims = CountingShims(svc.shims.by_id, delay=0.05)
+    r = svc.store.get_container("c-run")
+
+    async def go():
+        first = asyncio.ensure_future(stats.sample_container(svc, r))
+        await asyncio.sleep(0.01)
+        second = asyncio.ensure_future(stats.sample_container(svc, r))
+        await asyncio.sleep(0)
+        first.cancel()
+        return await second
+    s = run(go())
+    assert svc.shims.calls == ["c-run"] and s.metrics is not None
+
+
+def test_layers_are_walked_at_most_once_per_max_age_with_the_walks_time(svc, monkeypatch):
+    svc.images = CountingImages()
+    t0 = time.time_ns()
+    first = run(stats.container_stats(svc, pb.ContainerStatsRequest(container_id="c-run"))).stats
+    svc.images.bytes = 16384
+    again = run(stats.container_stats(svc, pb.ContainerStatsRequest(container_id="c-run"))).stats
+    assert svc.images.walks == ["c-run"]
+    assert again.writable_layer == first.writable_layer and first.writable_layer.timestamp >= t0
+    # A walk that failed is not kept: the next call walks again.
+    run(stats.container_stats(svc, pb.ContainerStatsRequest(container_id="c-nolayer")))
+    run(stats.container_stats(svc, pb.ContainerStatsRequest(container_id="c-nolayer")))
+    assert svc.images.walks.count("c-nolayer") == 2
+    monkeypatch.setattr(stats, "_LAYER_MAX_AGE_NS", 0)
+    fresh = run(stats.container_stats(svc, pb.ContainerStatsRequest(container_id="c-run"))).stats
+    assert fresh.writable_layer.used_bytes.value == 16384
+    assert fresh.writable_layer.timestamp > first.writable_layer.timestamp
+
+
+def test_readings_of_removed_objects_are_dropped(svc):
+    run(stats.list_pod_sandbox_stats(svc, pb.ListPodSandboxStatsRequest()))
+    rd = stats.readings(svc)
+    assert "c-run" in rd.metrics._values and "c-run" in rd.layers._values
+    svc.store.delete_container("c-run")
+    run(stats.list_container_stats(svc, pb.ListContainerStatsRequest()))
+    assert "c-run" not in rd.metrics._values and "c-run" not in rd.layers._values and "sb1" in rd.metrics._values
+
+
+def test_upb_decoding_gives_what_the_shim_codec_gives():
+    from cri_server.rpc import cgdecode
+    full = _cgroup_metrics()
+    full.hugetlb = [cg.HugetlbStat(usage=5, max=6, failcnt=1, pagesize="2MB"), cg.HugetlbStat(pagesize="1GB")]
+    full.cpu.usage.per_cpu = [1, 2**63, 0, 7]
+    for m in (full, _cgroup_metrics(), cg.Metrics(), cg.Metrics(memory=cg.MemoryStat(usage=cg.MemoryEntry()))):
+        data = m.encode()
+        got = cgdecode.decode(cg.Metrics, data)
+        assert got == cg.Metrics.decode(data) and repr(got) == repr(cg.Metrics.decode(data))
+    # Presence as the shim codec has it: a sub-message that was not sent is None, one sent empty is not.
+    got = cgdecode.decode(cg.Metrics, cg.Metrics(memory=cg.MemoryStat(usage=cg.MemoryEntry())).encode())
+    assert got.cpu is None and got.memory.usage is not None and got.memory.swap is None and got.hugetlb == []
+    with pytest.raises(ValueError):
+        cgdecode.decode(cg.Metrics, b"\x0a\xff\xff\xff")

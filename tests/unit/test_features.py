@@ -149,8 +149,9 @@ def test_refused_features_are_reported_disabled() -> None:
     with pytest.raises(ConfigError):
         check(raw)
     assert DOC["linux"]["intelRdt"]["enabled"] is False
-    assert DOC["linux"]["cgroup"]["systemd"] is False
-    with pytest.raises(ConfigError, match="systemd"):
+    assert DOC["linux"]["cgroup"]["systemd"] is True      # --systemd-cgroup (runtime/cgroups/systemd.py)
+    assert DOC["linux"]["cgroup"]["systemdUser"] is False
+    with pytest.raises(ConfigError, match="systemd"):      # a slice path without --systemd-cgroup, as runc
         from runtime.cgroups import resolve_path
         resolve_path("system.slice:husk:abc", "abc")
 

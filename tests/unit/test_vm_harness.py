@@ -116,6 +116,71 @@ def test_vm_test_defaults_to_tests_vm(monkeypatch) -> None:
     assert vm_test.parse_args([])[0].accel == "tcg"
 
 
+def test_node_option_selects_tests_node_and_a_longer_timeout(monkeypatch) -> None:
+    monkeypatch.syspath_prepend(str(TOP / "scripts" / "vm"))
+    monkeypatch.delenv("HUSK_VM_TIMEOUT", raising=False)
+    vm_test = load("vm_test", TOP / "scripts" / "vm-test")
+    opts, args = vm_test.parse_args(["--node", "-k", "oom"])
+    assert opts.node and args == ["-k", "oom", "tests/node"] and opts.timeout == vm_test.DEFAULT_NODE_TIMEOUT
+    opts, args = vm_test.parse_args(["--node", "--timeout", "90", "tests/vm"])
+    assert opts.timeout == 90 and args == ["tests/vm"]
+    assert not vm_test.parse_args([])[0].node and vm_test.parse_args([])[0].timeout == vm_test.DEFAULT_TIMEOUT
+    monkeypatch.setenv("HUSK_VM_TIMEOUT", "33")
+    assert vm_test.parse_args(["--node"])[0].timeout == 33
+
+
+def test_only_the_node_guest_boots_systemd(monkeypatch, tmp_path: Path) -> None:
+    monkeypatch.syspath_prepend(str(TOP / "scripts" / "vm"))
+    vm_test = load("vm_test", TOP / "scripts" / "vm-test")
+    k = vm_test.kernel.Kernel(package="p", version="0", release="0", vmlinuz=tmp_path / "vmlinuz", modules=[])
+
+    def cmdline(*argv: str) -> list[str]:
+        opts, _ = vm_test.parse_args(list(argv))
+        cmd = vm_test.qemu_command(opts, k, tmp_path / "initrd", tmp_path)
+        return cmd[cmd.index("-append") + 1].split()
+
+    plain, node = cmdline(), cmdline("--node")
+    assert "cgroup_no_v1=all" in plain and "cgroup_no_v1=all" in node
+    assert not any(a.startswith(("husk.node", "systemd.")) for a in plain)
+    assert {"husk.node=1", "systemd.unit=husk-node.target", "systemd.unified_cgroup_hierarchy=1"} <= set(node)
+    # init.sh switches to systemd only on husk.node=1, and the target it boots is the one shipped
+    init = (TOP / "scripts" / "vm" / "init.sh").read_text()
+    assert '*" husk.node=1 "*) node=1' in init and "switch_root /newroot /lib/systemd/systemd" in init
+    assert (vm_test.NODE_DIR / "husk-node.target").exists()
+    masked = (vm_test.NODE_DIR / "masked").read_text().split()
+    assert "husk-vm-job.service" not in masked and "dbus.service" not in masked
+
+
+def test_initramfs_extra_files_get_their_parent_directories(tmp_path: Path) -> None:
+    (tmp_path / "busybox").write_bytes(b"\x7fELF fake")
+    blob = initramfs.build(tmp_path / "busybox", "#!/bin/sh\n", [], {"node/a/x.service": (b"[Unit]\n", 0o644), "init.stage2": (b"", 0o755)})
+    entries = initramfs.read_cpio(blob)
+    names = [e.name for e in entries]
+    assert names.index("node") < names.index("node/a") < names.index("node/a/x.service")
+    assert stat.S_ISDIR(entries[names.index("node/a")].mode) and names.count("node") == 1
+
+
+def test_the_node_initramfs_carries_the_units_and_changes_with_them(monkeypatch, tmp_path: Path) -> None:
+    monkeypatch.syspath_prepend(str(TOP / "scripts" / "vm"))
+    vm_test = load("vm_test", TOP / "scripts" / "vm-test")
+    node_dir = tmp_path / "node"
+    node_dir.mkdir()
+    for name in vm_test.NODE_FILES:
+        (node_dir / name).write_text(f"# {name}\n")
+    monkeypatch.setattr(vm_test, "NODE_DIR", node_dir)
+    busybox = tmp_path / "busybox"
+    busybox.write_bytes(b"\x7fELF fake")
+    monkeypatch.setattr(vm_test, "BUSYBOX", busybox)
+    k = vm_test.kernel.Kernel(package="p", version="0", release="0", vmlinuz=tmp_path / "vmlinuz", modules=[])
+    (tmp_path / "cache").mkdir()
+    first = vm_test.build_initramfs(tmp_path / "cache", k)
+    names = {e.name: e.data for e in initramfs.read_cpio(first.read_bytes())}
+    assert names["node/husk-node.target"] == b"# husk-node.target\n" and "init.stage2" in names
+    (node_dir / "masked").write_text("x.service\n")
+    second = vm_test.build_initramfs(tmp_path / "cache", k)
+    assert second != first and not first.exists()   # a changed unit set is a new archive; the old one goes
+
+
 def test_paths_under_the_guests_tmpfs_are_bound_back(monkeypatch) -> None:
     monkeypatch.syspath_prepend(str(TOP / "scripts" / "vm"))
     vm_test = load("vm_test", TOP / "scripts" / "vm-test")
@@ -223,6 +288,14 @@ def test_the_jobs_exit_status_is_the_result(vm_test, fake_guest, tmp_path: Path,
     # the job script the guest would run names the selection
     body = f'grep -q -- "-k nothing" "$job/run" || exit 9; echo {code} > "$job/exit-code"; exit 0'
     assert _run(vm_test, fake_guest(body), tmp_path) == code
+
+
+@pytest.mark.parametrize("code", [0, 3])
+def test_the_node_guests_status_comes_back_the_same_way(vm_test, fake_guest, tmp_path: Path, code: int) -> None:
+    body = (f'case "$*" in *husk.node=1*systemd.unit=husk-node.target*) ;; *) exit 9 ;; esac; '
+            f'grep -q -- "tests/node" "$job/run" || exit 9; echo "husk-vm: booted"; echo {code} > "$job/exit-code"')
+    assert vm_test.main(["--node", "--qemu", fake_guest(body), "--python", sys.executable,
+                         "--cache", str(tmp_path / "cache"), "--quiet", "tests/node"]) == code
 
 
 def test_a_missing_emulator_is_an_error_not_a_pass(vm_test, tmp_path: Path, capsys) -> None:

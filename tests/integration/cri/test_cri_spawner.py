@@ -1,7 +1,7 @@
 """husk-cri's shims really come from its spawner (the zygote forked before gRPC), not from the fallback that
-starts `python -m shim.main start` processes when the spawner is missing or gone: a forked shim keeps husk-cri's
-command line (fork, no exec), a fresh one has the shim's; the zygote is husk-cri's child; the log has no
-fallback warning."""
+starts `python -m shim.main start` processes when the spawner is missing or gone: a forked shim shares the
+zygote's exec (same auxiliary vector: fork, no exec), a fresh one has its own; the zygote is husk-cri's child, a
+fresh interpreter (not a fork of husk-cri's heap); the log has no fallback warning."""
 from __future__ import annotations
 
 import os
@@ -20,6 +20,13 @@ FALLBACK_MESSAGES = ("no shim spawner", "the shim spawner is gone")
 def _cmdline(pid: int) -> list[str]:
     with open(f"/proc/{pid}/cmdline", "rb") as f:
         return [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+
+
+def _auxv(pid: int) -> bytes:
+    """The auxiliary vector the kernel gave the process at exec (AT_RANDOM, AT_EXECFN... addresses): a fork
+    keeps its parent's, a fresh exec gets new ones (ASLR)."""
+    with open(f"/proc/{pid}/auxv", "rb") as f:
+        return f.read()
 
 
 def _stat(pid: int) -> tuple[str, int]:
@@ -42,7 +49,7 @@ def _children(pid: int) -> list[int]:
 
 def test_shims_are_forked_from_the_spawner(cri):
     assert cri.proc is not None
-    zygotes = [p for p in _children(cri.proc.pid) if _stat(p)[0] == "husk-zygote"]
+    zygotes = [p for p in _children(cri.proc.pid) if _stat(p)[0] == "husk-cri-spawne"]
     assert len(zygotes) == 1, "husk-cri has no spawner child"
     rt = cri.runtime_stub()
     cri.image_stub().PullImage(pb.PullImageRequest(image=pb.ImageSpec(image=BUSYBOX)), timeout=120)
@@ -50,7 +57,8 @@ def test_shims_are_forked_from_the_spawner(cri):
     pod_id = run_pod(rt, pod)
     start_container(rt, pod_id, pod, container_config("c", ["sleep", "3600"]))
 
-    daemon_cmdline = _cmdline(cri.proc.pid)
+    zygote_auxv = _auxv(zygotes[0])
+    assert zygote_auxv != _auxv(cri.proc.pid)               # the zygote is a fresh exec, not a fork of husk-cri
     shims = cri.shim_pids()
     assert len(shims) == 2                                  # the pause container's and the container's
     for pid in shims:
@@ -58,7 +66,7 @@ def test_shims_are_forked_from_the_spawner(cri):
         assert comm == "husk-shim"
         cmdline = _cmdline(pid)
         assert "shim.main" not in cmdline, f"shim {pid} was started fresh: {cmdline}"
-        assert cmdline == daemon_cmdline, f"shim {pid} is no fork of husk-cri's zygote: {cmdline}"
+        assert _auxv(pid) == zygote_auxv, f"shim {pid} is no fork of husk-cri's zygote: {cmdline}"
         assert ppid not in (cri.proc.pid, zygotes[0])         # double-forked: it outlives both
     # husk-cri re-executed itself from the protected interpreter (runtime/exeguard.py) at start-up, so the
     # zygote and every shim inherit it and the in-process runtime never re-executes per container

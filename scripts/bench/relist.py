@@ -1,0 +1,338 @@
+#!/usr/bin/env python3
+"""husk-cri's own cost next to containerd 1.6's CRI plugin: daemon memory at 0, 20 and N pods, then CPU time and
+List* latencies while a client relists as kubelet does.
+
+Both daemons run side by side (scripts/bench/cri.py's launcher, driver and pod/container creation): N pods
+(sandbox + one busybox `sleep 3600` each, created alternately on both) with the daemon's PSS read at 0, 20 and
+N pods. Then the relisting client calls ListPodSandbox, ListContainers (kubelet's PLEG relist, every second),
+ListPodSandboxStats and ListContainerStats (its stats provider) once per --interval, one after the other,
+against each daemon in turn in --slice second slices (alternating, so a change in the machine's load falls on
+both), --seconds in all per daemon. Per daemon: utime+stime from /proc/<pid>/stat (the process's own threads,
+children excluded) of the daemon, of husk-cri's spawner, and summed over the shims (husk-shim, or
+containerd-shim-runc-v2); p50/p99/max of each RPC. Everything is torn down at the end.
+
+Usage: scripts/bench/relist [--pods 100] [--seconds 300] [--slice 30] [--interval 1] [--out DIR]
+                            [--runtime in-process|runc] [--skip-containerd] [--py-spy FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cri  # noqa: E402  (scripts/bench/cri.py: launcher, driver, memory helpers; it puts the repo on sys.path)
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+RPCS = ("ListPodSandbox", "ListContainers", "ListPodSandboxStats", "ListContainerStats")
+
+
+def log(msg: str) -> None:
+    print(f"bench-relist: {msg}", file=sys.stderr, flush=True)
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime+stime of `pid` (all its threads, not its children), seconds; 0 when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    # After "(comm)": state is field 3, utime 14 and stime 15 (1-based), so indexes 11 and 12 here.
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def children_named(ppid: int, prefix: str) -> list[int]:
+    out = []
+    for p in os.listdir("/proc"):
+        if not p.isdigit():
+            continue
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                s = f.read()
+        except OSError:
+            continue
+        comm = s[s.index("(") + 1:s.rindex(")")]
+        if int(s.rpartition(")")[2].split()[1]) == ppid and comm.startswith(prefix):
+            out.append(int(p))
+    return out
+
+
+def percentile(xs: list[float], q: float) -> float:
+    """Nearest-rank percentile of `xs` (q in 0..100)."""
+    s = sorted(xs)
+    k = max(0, min(len(s) - 1, -(-len(s) * q // 100) - 1))
+    return s[int(k)]
+
+
+class Side:
+    """One daemon under test: its driver, how to find its processes, what the run measured."""
+
+    def __init__(self, name: str, driver: cri.Driver, daemon_pid: int, helpers: dict) -> None:
+        self.name = name
+        self.driver = driver
+        self.daemon_pid = daemon_pid
+        self.helpers = helpers          # group name -> callable returning the pids of that group now
+        self.cpu: dict[str, float] = {"daemon": 0.0, **{k: 0.0 for k in helpers}}
+        self.lat: dict[str, list[float]] = {r: [] for r in RPCS}
+        self.errors: dict[str, str] = {}
+        self.items: dict[str, int] = {}
+        self.seconds = 0.0
+        self.relists = 0
+
+    def cpu_now(self) -> dict[str, dict[int, float]]:
+        out = {"daemon": {self.daemon_pid: cpu_seconds(self.daemon_pid)}}
+        for k, pids in self.helpers.items():
+            out[k] = {p: cpu_seconds(p) for p in pids()}
+        return out
+
+    def add_cpu(self, before: dict[str, dict[int, float]], after: dict[str, dict[int, float]]) -> None:
+        for k in after:
+            # Only processes present at both ends count (none start or stop during the relist window).
+            self.cpu[k] += sum(after[k][p] - before[k][p] for p in after[k] if p in before[k])
+
+    def relist_once(self) -> None:
+        from cri_server.api.v1 import api_pb2 as pb
+        rt = self.driver.rt
+        calls = (("ListPodSandbox", lambda: len(rt.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=30).items)),
+                 ("ListContainers", lambda: len(rt.ListContainers(pb.ListContainersRequest(),
+                                                                  timeout=30).containers)),
+                 ("ListPodSandboxStats", lambda: len(rt.ListPodSandboxStats(pb.ListPodSandboxStatsRequest(),
+                                                                            timeout=30).stats)),
+                 ("ListContainerStats", lambda: len(rt.ListContainerStats(pb.ListContainerStatsRequest(),
+                                                                          timeout=30).stats)))
+        import grpc
+        for name, call in calls:
+            if name in self.errors:
+                continue
+            t0 = time.perf_counter()
+            try:
+                n = call()
+            except grpc.RpcError as e:
+                self.errors[name] = f"{e.code().name}: {e.details()}"
+                log(f"{self.name} {name}: {self.errors[name]} (not called again)")
+                continue
+            self.lat[name].append((time.perf_counter() - t0) * 1e3)
+            self.items[name] = n
+
+    def relist(self, seconds: float, interval: float) -> None:
+        before = self.cpu_now()
+        t_start = time.monotonic()
+        tick = t_start
+        while time.monotonic() - t_start < seconds:
+            self.relist_once()
+            self.relists += 1
+            tick += interval
+            delay = tick - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            else:
+                tick = time.monotonic()     # late: no burst of catch-up relists
+        self.seconds += time.monotonic() - t_start
+        self.add_cpu(before, self.cpu_now())
+
+    def summary(self) -> dict:
+        lat = {r: {"p50": round(percentile(v, 50), 2), "p99": round(percentile(v, 99), 2),
+                   "max": round(max(v), 2), "n": len(v)} for r, v in self.lat.items() if v}
+        return {"cpu_s": {k: round(v, 2) for k, v in self.cpu.items()}, "window_s": round(self.seconds, 1),
+                "relists": self.relists,
+                "latency_ms": lat, "items": self.items, "errors": self.errors}
+
+
+def pss(pids: list[int]) -> int:
+    total = 0
+    for p in pids:
+        try:
+            total += cri._memory(p)["Pss"]
+        except (OSError, KeyError):
+            continue
+    return total
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pods", type=int, default=100)
+    ap.add_argument("--seconds", type=float, default=300, help="relisting time per daemon")
+    ap.add_argument("--slice", type=float, default=30, help="relist one daemon this long, then the other")
+    ap.add_argument("--interval", type=float, default=1.0, help="one relist (the four RPCs) per interval")
+    ap.add_argument("--settle", type=float, default=3.0, help="seconds before each memory reading")
+    ap.add_argument("--out", default=os.path.join(tempfile.gettempdir(),
+                                                  f"husk-bench-relist-{time.strftime('%Y%m%dT%H%M%S')}"))
+    ap.add_argument("--runtime", default="in-process", help="husk-cri's runtime: in-process (husk) or runc")
+    ap.add_argument("--skip-containerd", action="store_true")
+    ap.add_argument("--log-level", default="warn")
+    ap.add_argument("--py-spy", default="", metavar="FILE",
+                    help="profile husk-cri with py-spy (raw folded stacks to FILE) during its relist slices; "
+                         "the sampling costs the daemon CPU, so its CPU figures are not comparable then")
+    a = ap.parse_args()
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda n, _f: sys.exit(128 + n))
+    os.makedirs(a.out, exist_ok=True)
+
+    from cri_server.images import testimages
+    from tests.support.cri import CriDaemon, PodNetwork, remove_cgroup_tree
+    from tests.support.registry import LocalRegistry, write_hosts_toml
+
+    layouts = os.path.join(cri.TOP, ".cache", "bench-cri-layouts")
+    index = testimages.build(layouts, only=["busybox", "pause-sandbox"], big=False, log=lambda *_: None)
+    reg = LocalRegistry(os.path.join(a.out, "registry"))
+    tag = uuid.uuid4().hex[:6]
+    husk_net = ctd_net = husk = ctd = None
+    sides: list[Side] = []
+    results: dict = {"pods": a.pods, "seconds": a.seconds, "slice": a.slice, "interval": a.interval,
+                     "husk_runtime": a.runtime, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                     "cpus": os.cpu_count(), "load_before": os.getloadavg()}
+    try:
+        reg.start()
+        reg.push(os.path.join(layouts, index["busybox"]["layout"]), "library/busybox:latest")
+        reg.push(os.path.join(layouts, index["pause-sandbox"]["layout"]), "pause:3.9-husk")
+        certs = os.path.join(a.out, "certs.d")
+        for h in cri.MIRRORED:
+            write_hosts_toml(certs, h, f"http://{reg.addr}")
+        husk_net = PodNetwork(os.path.join(a.out, "husk-net"))
+        husk = CriDaemon(os.path.join(a.out, "husk"), husk_net, certs, cri.SANDBOX_IMAGE, runtime=a.runtime,
+                         log_level=a.log_level)
+        husk.start()
+        hpid = husk.proc.pid
+        sides.append(Side("husk-cri", cri.Driver("husk-cri", husk.socket, f"/hcb-husk-{tag}",
+                                                 os.path.join(a.out, "logs")), hpid,
+                          {"spawner": lambda: children_named(hpid, "husk-cri-spawn"), "shims": husk.shim_pids}))
+        if not a.skip_containerd:
+            ctd_net = PodNetwork(os.path.join(a.out, "ctd-net"))
+            ctd = cri.CriContainerd(f"/run/hcb-{tag}", ctd_net.conf_dir, certs)
+            ctd.start()
+            ctd_dir = ctd.d
+            sides.append(Side("containerd-1.6", cri.Driver("containerd-1.6", ctd.socket, f"/hcb-ctd-{tag}",
+                                                           os.path.join(a.out, "logs")), ctd.proc.pid,
+                              {"shims": lambda: [p for p in cri._pids_with("containerd-shim-runc-v2")
+                                                 if cri._is_under(p, ctd_dir)]}))
+        for s in sides:
+            s.driver.pull(cri.SANDBOX_IMAGE)
+            s.driver.pull(cri.BUSYBOX)
+
+        # Memory at 0, 20 and N pods (and the shims' PSS summed).
+        checkpoints = sorted({0, min(20, a.pods), a.pods})
+        mem: dict = {s.name: {} for s in sides}
+
+        def read_memory(n: int) -> None:
+            time.sleep(a.settle)
+            for s in sides:
+                m = cri._memory(s.daemon_pid)
+                m["shims_Pss_sum"] = pss(s.helpers["shims"]())
+                mem[s.name][n] = m
+            log(f"{n} pods: " + ", ".join(f"{s.name} Pss {mem[s.name][n]['Pss']} kB" for s in sides))
+
+        read_memory(0)
+        t0 = time.monotonic()
+        for i in range(a.pods):
+            for s in sides:
+                s.driver.run_pod_with_container(f"r{i}-{tag}", False)
+            if i + 1 in checkpoints:
+                read_memory(i + 1)
+        results["create_s"] = round(time.monotonic() - t0, 1)
+        log(f"{a.pods} pods on each in {results['create_s']} s; relisting {a.seconds} s per daemon")
+
+        # The relisting client, alternating daemons slice by slice.
+        if a.py_spy:
+            results["py_spy"] = a.py_spy
+        done = {s.name: 0.0 for s in sides}
+        while any(done[s.name] < a.seconds for s in sides):
+            for s in sides:
+                left = a.seconds - done[s.name]
+                if left <= 0:
+                    continue
+                span = min(a.slice, left)
+                spy = None
+                if a.py_spy and s.name == "husk-cri":
+                    spy = subprocess.Popen([_py_spy(), "record", "--pid", str(s.daemon_pid), "--format", "raw",
+                                            "--rate", "50", "--idle", "--threads", "-o",
+                                            f"{a.py_spy}.{int(done[s.name])}", "--duration", str(int(span))],
+                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                s.relist(span, a.interval)
+                if spy is not None:
+                    spy.wait()
+                done[s.name] += span
+        for s in sides:
+            m = cri._memory(s.daemon_pid)
+            mem[s.name]["after relist"] = m
+        results["memory_kB"] = mem
+        results["relist"] = {s.name: s.summary() for s in sides}
+        results["load_after"] = os.getloadavg()
+        log("tearing down")
+        for s in sides:
+            s.driver.remove_all()
+    finally:
+        for s in sides:
+            s.driver.channel.close()
+        if husk is not None:
+            husk.cleanup()
+        if ctd is not None:
+            ctd.cleanup()
+        for n in (husk_net, ctd_net):
+            if n is not None:
+                n.cleanup()
+        reg.stop()
+        for s in sides:
+            remove_cgroup_tree(s.driver.cgroup_parent)
+    with open(os.path.join(a.out, "results.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    print(table(results))
+    return 0
+
+
+def _py_spy() -> str:
+    here = os.path.join(os.path.dirname(sys.executable), "py-spy")
+    return here if os.path.exists(here) else "py-spy"
+
+
+def table(r: dict) -> str:
+    mem, rel = r.get("memory_kB", {}), r.get("relist", {})
+    names = list(rel)
+    lines = [f"{r['date']}, {r['cpus']} CPUs, load {r['load_before'][0]:.2f} before, "
+             f"{r['load_after'][0]:.2f} after (1-min averages); {r['pods']} pods; relist every {r['interval']} s "
+             f"for {r['seconds']} s per daemon in {r['slice']} s slices", "",
+             "| | " + " | ".join(names) + (" | husk / containerd |" if len(names) == 2 else " |"),
+             "|---|" + "---|" * (len(names) + (len(names) == 2))]
+
+    def row(label: str, vals: list[float], ratio: bool = True) -> None:
+        cells = [f"{v:g}" for v in vals]
+        if len(vals) == 2:
+            cells.append(f"{vals[0] / vals[1]:.2f}" if ratio and vals[1] else "")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+
+    for when in next(iter(mem.values()), {}):
+        row(f"daemon Pss, {when}{' pods' if isinstance(when, int) else ''} (kB)", [mem[n][when]["Pss"] for n in names])
+    for when in next(iter(mem.values()), {}):
+        if isinstance(when, int) and when:
+            row(f"shims' Pss summed, {when} pods (kB)", [mem[n][when]["shims_Pss_sum"] for n in names])
+    row("daemon CPU over the relist window (s)", [rel[n]["cpu_s"]["daemon"] for n in names])
+    row("shims' CPU (s)", [rel[n]["cpu_s"].get("shims", 0) for n in names])
+    if "spawner" in rel.get("husk-cri", {}).get("cpu_s", {}):
+        lines.append(f"| husk-cri's spawner CPU (s) | {rel['husk-cri']['cpu_s']['spawner']} |"
+                     + " |" * (len(names) - 1 + (len(names) == 2)))
+    row("daemon + spawner + shims CPU (s)", [round(sum(rel[n]["cpu_s"].values()), 2) for n in names])
+    row("relists done (one per interval unless the four calls took longer)", [rel[n]["relists"] for n in names],
+        ratio=False)
+    row("daemon CPU per relist (ms)", [round(rel[n]["cpu_s"]["daemon"] * 1e3 / max(rel[n]["relists"], 1), 1)
+                                       for n in names])
+    row("daemon + spawner + shims CPU per relist (ms)",
+        [round(sum(rel[n]["cpu_s"].values()) * 1e3 / max(rel[n]["relists"], 1), 1) for n in names])
+    for rpc in RPCS:
+        cells = []
+        for n in names:
+            x = rel[n]["latency_ms"].get(rpc)
+            cells.append(f"{x['p50']} / {x['p99']} (max {x['max']}, n {x['n']})" if x else
+                         rel[n]["errors"].get(rpc, "-"))
+        lines.append(f"| {rpc} ms p50 / p99 | " + " | ".join(cells) + (" | |" if len(names) == 2 else " |"))
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

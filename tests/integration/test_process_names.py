@@ -1,0 +1,90 @@
+"""Process names of shims started without husk-cri: `husk-shim start` (a fresh interpreter) and a shim forked
+from a spawner: comm "husk-shim" (what `pgrep -x husk-shim` matches), command line "husk-shim <id>"."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from shim.client import TaskClient
+from shim.service import ShimConfig
+from shim.spawner import SPAWNER_NAME, Spawner
+from tests.shim_fixtures import TOP, unique, wait_for
+
+pytestmark = pytest.mark.root
+
+
+def _comm(pid: int) -> str:
+    with open(f"/proc/{pid}/comm") as f:
+        return f.read().rstrip("\n")
+
+
+def _args(pid: int) -> str:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return f.read().rstrip(b"\0").replace(b"\0", b" ").decode()
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def _pgrep(*args: str) -> set[int]:
+    r = subprocess.run(["pgrep", *args], capture_output=True, text=True, check=False)
+    return {int(x) for x in r.stdout.split()}
+
+
+def _shutdown(address: str, cid: str, pid: int) -> None:
+    try:
+        with TaskClient(address) as c:
+            c.Shutdown(id=cid, now=True)
+        wait_for(lambda: _gone(pid), 10, "shim exit")
+    finally:
+        if not _gone(pid):
+            os.kill(pid, 9)
+
+
+def test_husk_shim_start_names_the_shim(tmp_path):
+    cid = unique() + "-" + "f" * 64          # longer than any container id: the whole id shows
+    r = subprocess.run([sys.executable, "-m", "shim.main", "start", "--id", cid,
+                        "--state-dir", str(tmp_path / "state"), "--address", str(tmp_path / "s.sock"),
+                        "--runtime", "runc", "--runtime-root", str(tmp_path / "root"),
+                        "--log", str(tmp_path / "s.log")],
+                       capture_output=True, text=True, cwd=TOP, timeout=30)
+    assert r.returncode == 0, r.stderr
+    info = json.loads(r.stdout)
+    pid = info["pid"]
+    try:
+        assert _comm(pid) == "husk-shim"
+        assert _args(pid) == f"husk-shim {cid}"
+        assert pid in _pgrep("-x", "husk-shim")
+        assert _pgrep("-f", f"^husk-shim {cid}$") == {pid}
+    finally:
+        _shutdown(info["address"], cid, pid)
+
+
+def test_spawner_and_spawned_shim_are_named(tmp_path):
+    sp = Spawner()
+    sp.start()
+    try:
+        # the zygote names itself first thing after the fork; start() does not wait for it
+        wait_for(lambda: _comm(sp.pid) != _comm(os.getpid()), 10, "spawner named")
+        assert _comm(sp.pid) == SPAWNER_NAME[:15] == "husk-cri-spawne"
+        assert _args(sp.pid) == "husk-cri-spawner"
+        cid = unique()
+        got = sp.spawn(ShimConfig(id=cid, address=str(tmp_path / "y.sock"), state_dir=str(tmp_path / "st"),
+                                  runtime="runc", runtime_root=str(tmp_path / "root")))
+        try:
+            assert _comm(got.pid) == "husk-shim"
+            assert _args(got.pid) == f"husk-shim {cid}"
+            assert sp.pid not in _pgrep("husk-shim") and got.pid in _pgrep("-x", "husk-shim")
+        finally:
+            _shutdown(got.address, cid, got.pid)
+    finally:
+        sp.stop()
