@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """A real kubelet (standalone: static pods, no API server) runs its pods on a husk-cri of its own.
 
-Sets up (scripts/kubelet/harness.py) local test images served by a local registry on 127.0.0.1, a husk-cri with
-its own socket, dirs and bridge network, and the kubelet given by --kubelet/$KUBELET with the read-only port
+Sets up (scripts/kubelet/kube_harness.py) local test images served by a local registry on 127.0.0.1, a husk-cri
+with its own socket, dirs and bridge network, and the kubelet given by --kubelet/$KUBELET with the read-only port
 127.0.0.1:10255; writes static pod manifests and checks what kubelet (/pods, /stats/summary, /metrics/*) and
 husk-cri (CRI calls, files, cgroups) show. Each scenario passes or fails with the reason; a table ends the run.
 The whole set runs once per value of the PodAndContainerStatsFromCRI feature gate (--gates off,on).
@@ -19,6 +19,7 @@ import os
 import re
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -29,8 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import (BUSYBOX, GC_IMAGE, GC_IMAGE2, NODE, SANDBOX_IMAGE, TOP, Bed, Failed, check,  # noqa: E402
-                     log, wait_for)
+from kube_harness import (BUSYBOX, GC_IMAGE, GC_IMAGE2, NODE, SANDBOX_IMAGE, TOP, Bed, Failed,  # noqa: E402
+                          check, log, wait_for)
 
 GATE = "PodAndContainerStatsFromCRI"
 
@@ -363,7 +364,8 @@ def s_qos(x: Ctx) -> str:
         with open(f"/proc/{pid}/cgroup") as f:
             paths = dict((ln.split(":")[1], ln.split(":")[2].strip()) for ln in f if ln.count(":") >= 2)
         for ctrl in ("memory", "cpu,cpuacct" if "cpu,cpuacct" in paths else "cpu", "pids"):
-            check(paths.get(ctrl, "").startswith(podcg + "/"), f"{name}: {ctrl} cgroup {paths.get(ctrl)} not under {podcg}")
+            check(paths.get(ctrl, "").startswith(podcg + "/"),
+                  f"{name}: {ctrl} cgroup {paths.get(ctrl)} not under {podcg}")
         ccg = paths["memory"]
         got = (read_int(_cg(bed, "memory", ccg + "/memory.limit_in_bytes")),
                read_int(_cg(bed, "cpu", ccg + "/cpu.cfs_quota_us")), read_int(_cg(bed, "cpu", ccg + "/cpu.shares")),
@@ -810,12 +812,10 @@ def main() -> int:
         signal.signal(sig, lambda n, _f: sys.exit(128 + n))
     out = a.out or tempfile.mkdtemp(prefix="hke-", dir="/tmp")
     rows: list[tuple[str, str, str]] = []
-    version = ""
     for g in [v.strip() for v in a.gates.split(",") if v.strip()]:
         d = os.path.join(out, f"gate-{g}")
         os.makedirs(d, exist_ok=True)
         rows += run_pass(a.kubelet, d, a.cache, g == "on", set(a.only))
-    import subprocess
     version = subprocess.run([a.kubelet, "--version"], capture_output=True, text=True).stdout.strip()
     print()
     print(f"| kubelet | {GATE} | scenario | result |")

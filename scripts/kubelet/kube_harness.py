@@ -137,7 +137,8 @@ def base_kubelet_config(manifests: str, pod_logs: str, endpoint: str, cgroup_roo
         # small logs, checked often: the log-rotation scenario
         "containerLogMaxSize": "100Ki", "containerLogMaxFiles": 40, "containerLogMonitorInterval": "3s",
         # no image GC and no eviction unless a scenario asks for them
-        "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99, "imageMinimumGCAge": "1s",  # 0 means the default, 2m
+        # (an imageMinimumGCAge of 0 means kubelet's default, 2m)
+        "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99, "imageMinimumGCAge": "1s",
         "evictionHard": {"memory.available": "1Mi", "nodefs.available": "0%", "imagefs.available": "0%",
                          "nodefs.inodesFree": "0%", "imagefs.inodesFree": "0%"},
         "evictionPressureTransitionPeriod": "5s",
