@@ -50,14 +50,17 @@ class CpuRates:
     """The previous CPU sample per object, for usage_nano_cores (kubelet's summary API wants a rate)."""
 
     def __init__(self, min_window_ns: int = _MIN_RATE_WINDOW_NS) -> None:
-        self._last: dict[str, tuple[int, int, int | None]] = {}
+        self._last: dict[str, tuple[int, int, int]] = {}
         self.min_window_ns = min_window_ns
 
-    def rate(self, object_id: str, now_ns: int, total_ns: int) -> int | None:
+    def rate(self, object_id: str, now_ns: int, total_ns: int) -> int:
         prev = self._last.get(object_id)
         if prev is not None and 0 <= now_ns - prev[0] < self.min_window_ns and total_ns >= prev[1]:
             return prev[2]
-        rate = None
+        # An object's first sample has no rate yet: 0, as containerd answers. Left unset, kubelet computes the
+        # rate itself from two readings, and a reading served twice (the same timestamp) is "zero or negative
+        # interval" in its log.
+        rate = 0
         if prev is not None and now_ns > prev[0] and total_ns >= prev[1]:
             rate = (total_ns - prev[1]) * 1_000_000_000 // (now_ns - prev[0])
         self._last[object_id] = (now_ns, total_ns, rate)

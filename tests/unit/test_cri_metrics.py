@@ -264,7 +264,7 @@ def test_pod_stats_complete_for_kubelet(svc):
 
 def test_cpu_rate_needs_a_window():
     r = stats.CpuRates(min_window_ns=1_000_000_000)
-    assert r.rate("a", 1_000_000_000, 0) is None
+    assert r.rate("a", 1_000_000_000, 0) == 0
     assert r.rate("a", 3_000_000_000, 1_000_000_000) == 500_000_000
     # A second caller right after: the same rate, and the baseline stays.
     assert r.rate("a", 3_000_001_000, 1_000_000_500) == 500_000_000
