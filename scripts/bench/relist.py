@@ -15,7 +15,8 @@ After the window, --back-to-back N calls of ListPodSandbox and of ListContainers
 give the per-call latency without the wake-up from a second of idling.
 
 Usage: scripts/bench/relist [--pods 100] [--seconds 300] [--slice 30] [--interval 1] [--back-to-back 200]
-                            [--out DIR] [--runtime in-process|runc] [--skip-containerd] [--py-spy FILE]
+                            [--rpcs ListPodSandbox,ListContainers,...] [--out DIR] [--runtime in-process|runc]
+                            [--skip-containerd] [--log-level warn] [--py-spy FILE]
 """
 from __future__ import annotations
 
@@ -106,6 +107,7 @@ class Side:
         self.items: dict[str, int] = {}
         self.seconds = 0.0
         self.relists = 0
+        self.rpcs = set(RPCS)
 
     def cpu_now(self) -> dict[str, dict[int, float]]:
         out = {"daemon": {self.daemon_pid: cpu_seconds(self.daemon_pid)}}
@@ -130,7 +132,7 @@ class Side:
                                                                           timeout=30).stats)))
         import grpc
         for name, call in calls:
-            if name in self.errors:
+            if name in self.errors or name not in self.rpcs:
                 continue
             t0 = time.perf_counter()
             try:
@@ -184,6 +186,7 @@ def main() -> int:
     ap.add_argument("--interval", type=float, default=1.0, help="one relist (the four RPCs) per interval")
     ap.add_argument("--back-to-back", type=int, default=200, metavar="N",
                     help="then N ListPodSandbox and N ListContainers in a tight loop per daemon")
+    ap.add_argument("--rpcs", default=",".join(RPCS), help="the RPCs a relist makes (comma-separated)")
     ap.add_argument("--settle", type=float, default=3.0, help="seconds before each memory reading")
     ap.add_argument("--out", default=os.path.join(tempfile.gettempdir(),
                                                   f"husk-bench-relist-{time.strftime('%Y%m%dT%H%M%S')}"))
@@ -236,6 +239,7 @@ def main() -> int:
                               {"shims": lambda: [p for p in cri._pids_with("containerd-shim-runc-v2")
                                                  if cri._is_under(p, ctd_dir)]}))
         for s in sides:
+            s.rpcs = set(a.rpcs.split(","))
             s.driver.pull(cri.SANDBOX_IMAGE)
             s.driver.pull(cri.BUSYBOX)
 
