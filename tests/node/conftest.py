@@ -8,8 +8,9 @@ systemd is PID 1 on cgroup v2 only (see tests/node/README.md). Everything here i
   written into the guest's /etc/cni/net.d: the guest has no NIC, so the network exists only inside it.
 - `node_cri`: husk-cri run by systemd as husk-cri.service (contrib/systemd/husk-cri.service, with a drop-in that
   points ExecStart at this checkout's venv and config), once per cgroup driver: "cgroupfs" and "systemd".
-- `qos_parent`: a pod's cgroup parent made as kubelet makes it for that driver, removed afterwards.
-- `pods`: RunPodSandbox through a tracker that stops and removes every pod the test made.
+- `qos_parent`: a pod's cgroup parent made as kubelet makes it for that driver; afterwards every pod of the
+  daemon is stopped and removed, then the parents are removed.
+A failed test's report carries the end of husk-cri's log and systemd's journal (the guest is gone afterwards).
 """
 from __future__ import annotations
 
@@ -77,6 +78,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("node") is not None:
             item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failed test shows the end of its husk-cri's log and of the journal: the guest is gone afterwards."""
+    outcome = yield
+    report = outcome.get_result()
+    d = getattr(item, "funcargs", {}).get("node_cri")
+    if report.failed and d is not None:
+        report.sections.append((f"husk-cri log ({d.driver}), last 6000 chars", d.log()[-6000:]))
+        journal = run("journalctl", "--no-pager", "-n", "40", "_PID=1", check=False)   # systemd's own words
+        report.sections.append(("journalctl -n 40 _PID=1", journal.stdout))
 
 
 # --- commands ---------------------------------------------------------------------------------------------------
