@@ -224,7 +224,20 @@ def oom_kill_count(paths: CgroupPaths) -> int:
     if mem:
         return _kv(os.path.join(mem, "memory.oom_control")).get("oom_kill", 0)
     if paths.v2:
-        return _kv(os.path.join(paths.v2, "memory.events")).get("oom_kill", 0)
+        return _v2_oom_kills(paths.v2) or 0
+    return 0
+
+
+def _v2_oom_kills(d: str) -> int | None:
+    """memory.events' oom_kill of the v2 cgroup `d` (hierarchical: a parent counts its children's kills), or
+    None when the file cannot be read (the cgroup is gone)."""
+    text = _read(os.path.join(d, "memory.events"))
+    if text is None:
+        return None
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        if key == "oom_kill" and value.strip().isdigit():
+            return int(value)
     return 0
 
 
@@ -235,14 +248,23 @@ class OomWatcher:
         self.loop = loop
         self.paths = paths
         self.on_oom = on_oom
-        self.count = oom_kill_count(paths)
         self.efd = -1
         self._closed = False
+        # v2: the parent's memory.events counts this cgroup's kills too. systemd removes a scope's cgroup as soon
+        # as its last process is gone, which can be before the shim reads the counter at the init's exit; the
+        # parent (the pod's slice) stays, so its count, read before ours at every check, tells a kill we missed.
+        parent = os.path.dirname(paths.v2.rstrip("/")) if paths.v2 else ""
+        self.parent = parent if parent.startswith(CGROUP_ROOT + "/") else ""
+        self.parent_count = self._parent_kills()
+        self.count = oom_kill_count(paths)
         mem = paths.v1.get("memory")
         if mem:
             self._register_v1(mem)
         elif paths.v2:
             loop.call_later(1.0, self._poll)
+
+    def _parent_kills(self) -> int | None:
+        return _v2_oom_kills(self.parent) if self.parent else None
 
     def _register_v1(self, mem: str) -> None:
         try:
@@ -279,8 +301,28 @@ class OomWatcher:
             self.loop.call_later(1.0, self._poll)
 
     def check(self) -> bool:
-        """Re-reads the counter (also called at exit, as the last kill may race the eventfd)."""
+        """Re-reads the counter (also called at exit, as the last kill may race the eventfd or the poll)."""
+        if self.paths.v2 and not self.paths.v1.get("memory"):
+            return self._check_v2()
         n = oom_kill_count(self.paths)
+        if n > self.count:
+            self.count = n
+            self.on_oom()
+            return True
+        return False
+
+    def _check_v2(self) -> bool:
+        parent = self._parent_kills()          # before ours: a kill counted in ours after this is in it too
+        n = _v2_oom_kills(self.paths.v2)
+        if n is None:
+            # Our cgroup is gone (systemd removed the emptied scope): a rise of the parent's count since our
+            # last reading is a kill in our cgroup, unless a sibling was killed in the same moment.
+            if parent is None or self.parent_count is None or parent <= self.parent_count:
+                return False
+            self.parent_count = parent
+            self.on_oom()
+            return True
+        self.parent_count = parent
         if n > self.count:
             self.count = n
             self.on_oom()
