@@ -6,8 +6,9 @@ systemd is PID 1 on cgroup v2 only (see tests/node/README.md). Everything here i
   project's own builder (cri_server.images.testimages) in the guest's /tmp, imported into each husk-cri's store.
 - `node_network`: a CNI bridge network (bridge + host-local; husk-cri brings `lo` up itself) on 10.88.0.0/16,
   written into the guest's /etc/cni/net.d: the guest has no NIC, so the network exists only inside it.
-- `node_cri`: husk-cri run by systemd as husk-cri.service (contrib/systemd/husk-cri.service, with a drop-in that
-  points ExecStart at this checkout's venv and config), once per cgroup driver: "cgroupfs" and "systemd".
+- `node_cri`: husk-cri run by systemd as husk-cri.service, installed by `husk-cri setup --systemd-unit` (the
+  contrib unit with this install's ExecStart, checked; a drop-in adds only the log file and Restart=no), once per
+  cgroup driver: "cgroupfs" and "systemd".
 - `qos_parent`: a pod's cgroup parent made as kubelet makes it for that driver; afterwards every pod of the
   daemon is stopped and removed, then the parents are removed.
 A failed test's report carries the end of husk-cri's log and systemd's journal (the guest is gone afterwards).
@@ -228,9 +229,9 @@ def node_network() -> Iterator[NodeNetwork]:
 
 # --- husk-cri as a systemd service --------------------------------------------------------------------------------
 class NodeCri(CriDaemon):
-    """husk-cri run by systemd as husk-cri.service from contrib/systemd/husk-cri.service; a drop-in runs this
-    checkout's husk-cri with this daemon's config (and --systemd-cgroup for the systemd driver), logs to
-    `log_path` and does not restart it (a crash must fail the test, not be papered over)."""
+    """husk-cri run by systemd as husk-cri.service, written by `husk-cri setup --systemd-unit` with this daemon's
+    config (and --systemd-cgroup for the systemd driver); a drop-in logs to `log_path` and does not restart it
+    (a crash must fail the test, not be papered over)."""
 
     def __init__(self, base: str, network: NodeNetwork, registry_config_dir: str, driver: str) -> None:
         super().__init__(base, network, registry_config_dir, SANDBOX_IMAGE)  # type: ignore[arg-type]
@@ -239,17 +240,26 @@ class NodeCri(CriDaemon):
 
     # --- the unit -------------------------------------------------------------------------------------
     def install_unit(self) -> None:
-        os.makedirs(UNIT_DIR, exist_ok=True)
-        shutil.copyfile(CONTRIB_UNIT, os.path.join(UNIT_DIR, UNIT))
+        """As an operator installs it: `husk-cri --config F [--systemd-cgroup] setup --systemd-unit` writes the
+        unit (the contrib one with this install's ExecStart) and reloads systemd; a drop-in only adds what a
+        test needs (no restart, the log file, no bytecode writes)."""
+        flags = ["--config", self.config_path] + (["--systemd-cgroup"] if self.driver == "systemd" else [])
+        run(self.husk_cri, *flags, "setup", "--systemd-unit", "--unit-dir", UNIT_DIR, timeout=300)
+        with open(os.path.join(UNIT_DIR, UNIT)) as f:
+            written = f.read()
+        with open(CONTRIB_UNIT) as f:
+            contrib = f.read()
+        exec_start = next(ln for ln in written.splitlines() if ln.startswith("ExecStart="))
+        assert exec_start.split()[0] == f"ExecStart={self.husk_cri}" and all(a in exec_start for a in flags), \
+            exec_start
+        # the written unit is the contrib unit but for its ExecStart
+        assert [ln for ln in written.splitlines() if not ln.startswith("ExecStart=")] == \
+            [ln for ln in contrib.splitlines() if not ln.startswith("ExecStart=")]
         dropin = os.path.join(UNIT_DIR, f"{UNIT}.d")
         os.makedirs(dropin, exist_ok=True)
-        exec_start = [self.husk_cri, "--config", self.config_path]
-        if self.driver == "systemd":
-            exec_start.append("--systemd-cgroup")
         with open(os.path.join(dropin, "10-node-test.conf"), "w") as f:
             f.write("\n".join([
-                "[Service]", "ExecStart=", f"ExecStart={' '.join(exec_start)}",
-                "Environment=PYTHONDONTWRITEBYTECODE=1", "Restart=no",
+                "[Service]", "Environment=PYTHONDONTWRITEBYTECODE=1", "Restart=no",
                 f"StandardOutput=append:{self.log_path}", f"StandardError=append:{self.log_path}", ""]))
         run("systemctl", "daemon-reload")
 
