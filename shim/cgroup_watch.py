@@ -105,6 +105,8 @@ def metrics(paths: CgroupPaths) -> cgroups_v1.Metrics:
         ms.usage = _v1_entry(os.path.join(mem, "memory."))
         if os.path.exists(os.path.join(mem, "memory.memsw.usage_in_bytes")):
             ms.swap = _v1_entry(os.path.join(mem, "memory.memsw."))   # memory + swap, as on v1
+        if os.path.exists(os.path.join(mem, "memory.kmem.usage_in_bytes")):
+            ms.kernel = _v1_entry(os.path.join(mem, "memory.kmem."))     # kernel memory (cAdvisor's KernelUsage)
         m.memory = ms
         oc = _kv(os.path.join(mem, "memory.oom_control"))
         m.memory_oom_control = cgroups_v1.MemoryOomControl(oom_kill_disable=oc.get("oom_kill_disable", 0),
@@ -123,6 +125,7 @@ def metrics(paths: CgroupPaths) -> cgroups_v1.Metrics:
                                          usage=_int(os.path.join(paths.v2, "memory.current")),
                                          max=_int(os.path.join(paths.v2, "memory.peak"))))
         m.memory.swap = _v2_swap(paths.v2, m.memory.usage)
+        m.memory.kernel = cgroups_v1.MemoryEntry(usage=_v2_kernel(st))
         ev = _kv(os.path.join(paths.v2, "memory.events"))
         m.memory_oom_control = cgroups_v1.MemoryOomControl(oom_kill=ev.get("oom_kill", 0))
     acct = paths.v1.get("cpuacct")
@@ -158,6 +161,13 @@ def _v1_entry(prefix: str) -> cgroups_v1.MemoryEntry:
     """memory.* or memory.memsw.* counters."""
     return cgroups_v1.MemoryEntry(limit=_int(prefix + "limit_in_bytes"), usage=_int(prefix + "usage_in_bytes"),
                                   max=_int(prefix + "max_usage_in_bytes"), failcnt=_int(prefix + "failcnt"))
+
+
+def _v2_kernel(st: dict[str, int]) -> int:
+    """memory.stat's kernel (Linux 5.18+); before it, the parts the kernel documents it to include."""
+    if "kernel" in st:
+        return st["kernel"]
+    return sum(st.get(k, 0) for k in ("kernel_stack", "pagetables", "percpu", "vmalloc", "slab"))
 
 
 def _v2_swap(d: str, mem: cgroups_v1.MemoryEntry) -> cgroups_v1.MemoryEntry | None:

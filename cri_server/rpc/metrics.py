@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from dataclasses import dataclass
 from typing import AsyncIterator, Iterator
 
@@ -62,6 +63,7 @@ DESCRIPTORS = {d.name: d for d in (
     Desc("container_memory_mapped_file", "Size of memory mapped files in bytes.", GAUGE),
     Desc("container_memory_swap", "Container swap usage in bytes.", GAUGE),
     Desc("container_memory_failcnt", "Number of memory usage hits limits", COUNTER),
+    Desc("container_memory_kernel_usage", "Size of kernel memory allocated in bytes.", GAUGE),
     Desc("container_memory_usage_bytes",
          "Current memory usage in bytes, including all memory regardless of when it was accessed", GAUGE),
     Desc("container_memory_max_usage_bytes", "Maximum memory usage recorded in bytes", GAUGE),
@@ -75,6 +77,7 @@ DESCRIPTORS = {d.name: d for d in (
     Desc("container_threads_max",
          "Maximum number of threads allowed inside the container, infinity if value is zero", GAUGE),
     Desc("container_file_descriptors", "Number of open file descriptors for the container.", GAUGE),
+    Desc("container_sockets", "Number of open sockets for the container.", GAUGE),
     # spec
     Desc("container_spec_memory_limit_bytes", "Memory limit for the container in bytes.", GAUGE),
     Desc("container_spec_memory_swap_limit_bytes", "Memory swap limit for the container.", GAUGE),
@@ -84,10 +87,15 @@ DESCRIPTORS = {d.name: d for d in (
     Desc("container_spec_cpu_shares", "CPU share of the container.", GAUGE),
     # filesystem
     Desc("container_fs_usage_bytes", "Current filesystem usage in bytes.", GAUGE),
+    Desc("container_fs_limit_bytes", "Filesystem limit in bytes.", GAUGE),
+    Desc("container_fs_inodes_total", "Total number of inodes.", GAUGE),
+    Desc("container_fs_inodes_free", "Number of free inodes.", GAUGE),
     Desc("container_fs_reads_bytes_total", "Cumulative count of bytes read", COUNTER, _DEVICE),
     Desc("container_fs_writes_bytes_total", "Cumulative count of bytes written", COUNTER, _DEVICE),
     Desc("container_fs_reads_total", "Cumulative count of reads completed", COUNTER, _DEVICE),
     Desc("container_fs_writes_total", "Cumulative count of writes completed", COUNTER, _DEVICE),
+    Desc("container_blkio_device_usage_total", "Blkio Device bytes usage", COUNTER,
+         ("device", "major", "minor", "operation")),
     # network (per pod)
     Desc("container_network_receive_bytes_total", "Cumulative count of bytes received", COUNTER, _IFACE),
     Desc("container_network_receive_packets_total", "Cumulative count of packets received", COUNTER, _IFACE),
@@ -140,6 +148,8 @@ def cgroup_values(m: object) -> Iterator[Value]:
         yield "container_memory_mapped_file", f.mapped_file, ()
         yield "container_memory_swap", f.swap or 0, ()
         yield "container_memory_failcnt", f.failcnt, ()
+        if f.kernel is not None:
+            yield "container_memory_kernel_usage", f.kernel, ()
         yield "container_memory_usage_bytes", f.usage, ()
         if f.max_usage:                # v1, or v2 with memory.peak
             yield "container_memory_max_usage_bytes", f.max_usage, ()
@@ -160,6 +170,9 @@ def cgroup_values(m: object) -> Iterator[Value]:
             for e in entries or ():
                 if e.op in ("Read", "Write"):
                     yield f"container_fs_{e.op.lower()}s_{kind}", e.value, (f"{e.major}:{e.minor}",)
+        for e in blkio.io_service_bytes_recursive or ():       # every operation the cgroup counts, as CRI-O
+            yield ("container_blkio_device_usage_total", e.value,
+                   (f"{e.major}:{e.minor}", str(e.major), str(e.minor), e.op.lower()))
 
 
 def spec_values(r: object) -> Iterator[Value]:
@@ -195,8 +208,23 @@ def container_values(s: ContainerSample) -> Iterator[Value]:
         yield "container_processes", s.processes.count, ()
         yield "container_threads", s.processes.threads, ()
         yield "container_file_descriptors", s.processes.fds, ()
+        yield "container_sockets", s.processes.sockets, ()
     if s.layer is not None:
         yield "container_fs_usage_bytes", s.layer.bytes, ()
+        yield from fs_values(s.layer.mountpoint)
+
+
+def fs_values(path: str) -> Iterator[Value]:
+    """Size and inodes of the filesystem holding the writable layers (cAdvisor's and CRI-O's
+    container_fs_limit_bytes, container_fs_inodes_total, container_fs_inodes_free)."""
+    try:
+        st = os.statvfs(path)
+    except OSError as e:
+        log.debug("no filesystem metrics", extra={"path": path, "error": str(e)})
+        return
+    yield "container_fs_limit_bytes", st.f_blocks * st.f_frsize, ()
+    yield "container_fs_inodes_total", st.f_files, ()
+    yield "container_fs_inodes_free", st.f_ffree, ()
 
 
 def pod_values(p: PodSample) -> Iterator[Value]:

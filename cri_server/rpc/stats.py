@@ -172,6 +172,7 @@ class Processes:
     count: int       # processes in the container's cgroup (cgroup.procs)
     threads: int     # its tasks: pids.current, else counted in /proc
     fds: int         # open file descriptors of those processes
+    sockets: int = 0  # those of them that are sockets
 
 
 @dataclass(frozen=True)
@@ -257,8 +258,9 @@ async def _walk_layer(svc: Services, container_id: str) -> Layer | None:
 
 
 def process_counts(pid: int, tasks: int | None) -> Processes | None:
-    """Processes, threads and open fds of the cgroup `pid` is in (cAdvisor's container_processes,
-    container_threads, container_file_descriptors). `tasks`: pids.current when the shim read it."""
+    """Processes, threads, open fds and sockets of the cgroup `pid` is in (cAdvisor's container_processes,
+    container_threads, container_file_descriptors, container_sockets). `tasks`: pids.current when the shim
+    read it."""
     from shim import cgroup_watch
     try:
         pids = cgroup_watch.pids(cgroup_watch.paths_of(pid))
@@ -267,8 +269,25 @@ def process_counts(pid: int, tasks: int | None) -> Processes | None:
         return None
     if not pids:
         return None
-    fds = _count_entries(pids, "fd")
-    return Processes(count=len(pids), threads=tasks or _count_entries(pids, "task"), fds=fds)
+    fds, sockets = _fds_and_sockets(pids)
+    return Processes(count=len(pids), threads=tasks or _count_entries(pids, "task"), fds=fds, sockets=sockets)
+
+
+def _fds_and_sockets(pids: list[int]) -> tuple[int, int]:
+    fds = sockets = 0
+    for p in pids:
+        d = f"/proc/{p}/fd"
+        try:
+            names = os.listdir(d)
+        except OSError:
+            continue                  # exited meanwhile
+        fds += len(names)
+        for n in names:
+            try:
+                sockets += os.readlink(f"{d}/{n}").startswith("socket:")
+            except OSError:
+                continue              # closed meanwhile
+    return fds, sockets
 
 
 def _count_entries(pids: list[int], sub: str) -> int:
@@ -347,6 +366,7 @@ class Memory:
     max_usage: int
     swap: int | None
     swap_limit: int | None
+    kernel: int | None = None     # kernel memory (v1 memory.kmem, v2 memory.stat's kernel); None: not read
 
     @property
     def available(self) -> int | None:
@@ -378,7 +398,7 @@ def memory_of(m: Any) -> Memory | None:
                   page_faults=mem.total_pg_fault or mem.pg_fault,
                   major_page_faults=mem.total_pg_maj_fault or mem.pg_maj_fault,
                   failcnt=e.failcnt if e is not None else 0, max_usage=e.max if e is not None else 0,
-                  swap=swap, swap_limit=swap_limit)
+                  swap=swap, swap_limit=swap_limit, kernel=mem.kernel.usage if mem.kernel is not None else None)
 
 
 # -- samples to CRI stats ---------------------------------------------------------------------------------

@@ -5,7 +5,9 @@ feed them (memsw, v2 swap and peak, block I/O) from fake cgroup directories."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
+import socket
 import time
 from types import SimpleNamespace
 
@@ -37,7 +39,7 @@ def _cgroup_metrics(cpu_s: float = 2.5) -> cg.Metrics:
         memory=cg.MemoryStat(total_cache=300, total_rss=500, total_mapped_file=70, total_inactive_file=200,
                              total_pg_fault=11, total_pg_maj_fault=2,
                              usage=cg.MemoryEntry(usage=1000, limit=GIB, max=1500, failcnt=1),
-                             swap=cg.MemoryEntry(usage=1040, limit=GIB + 4096)),
+                             swap=cg.MemoryEntry(usage=1040, limit=GIB + 4096), kernel=cg.MemoryEntry(usage=64)),
         memory_oom_control=cg.MemoryOomControl(oom_kill=1),
         pids=cg.PidsStat(current=3, limit=100),
         blkio=cg.BlkIOStat(io_service_bytes_recursive=[cg.BlkIOEntry(op="Read", major=8, minor=0, value=4096),
@@ -280,10 +282,56 @@ def test_missing_cpu_reading_is_not_a_sample():
 
 
 def test_process_counts_of_this_process():
-    p = stats.process_counts(os.getpid(), None)
+    a, b = socket.socketpair()
+    try:
+        p = stats.process_counts(os.getpid(), None)
+    finally:
+        a.close()
+        b.close()
     assert p is not None and p.count >= 1 and p.threads >= p.count and p.fds >= 3
+    assert 2 <= p.sockets < p.fds
     assert stats.process_counts(os.getpid(), 77).threads == 77
     assert stats.process_counts(2 ** 22 + 1, None) is None            # no such process
+
+
+# What critest (cri-tools pkg/validate/pod.go, "runtime should support metrics operations") requires: these
+# names in ListMetricDescriptors and, for a running container, a series of each in ListPodSandboxMetrics (block
+# I/O may have none there: a virtual disk may count nothing).
+CRITEST_SERIES = """container_cpu_cfs_periods_total container_cpu_cfs_throttled_periods_total
+    container_cpu_cfs_throttled_seconds_total container_cpu_system_seconds_total container_cpu_usage_seconds_total
+    container_cpu_user_seconds_total container_file_descriptors container_fs_inodes_free container_fs_inodes_total
+    container_fs_limit_bytes container_fs_usage_bytes container_last_seen container_memory_cache
+    container_memory_failcnt container_memory_failures_total container_memory_kernel_usage
+    container_memory_mapped_file container_memory_max_usage_bytes container_memory_rss container_memory_swap
+    container_memory_usage_bytes container_memory_working_set_bytes container_network_receive_bytes_total
+    container_network_receive_errors_total container_network_receive_packets_dropped_total
+    container_network_receive_packets_total container_network_transmit_bytes_total
+    container_network_transmit_errors_total container_network_transmit_packets_dropped_total
+    container_network_transmit_packets_total container_oom_events_total container_processes container_sockets
+    container_spec_cpu_period container_spec_cpu_shares container_spec_memory_limit_bytes
+    container_spec_memory_swap_limit_bytes container_start_time_seconds container_threads
+    container_threads_max""".split()
+CRITEST_OPTIONAL = """container_blkio_device_usage_total container_fs_reads_bytes_total container_fs_reads_total
+    container_fs_writes_bytes_total container_fs_writes_total""".split()
+
+
+def test_the_series_critest_requires(svc, tmp_path, monkeypatch):
+    assert set(CRITEST_SERIES + CRITEST_OPTIONAL) <= set(_descs(svc))
+    svc.images.snapshots = SimpleNamespace(active_dir=str(tmp_path))
+    monkeypatch.setattr(stats, "process_counts",
+                        lambda pid, tasks: stats.Processes(count=1, threads=2, fds=5, sockets=1))
+    svc.store.put_container(dataclasses.replace(svc.store.get_container("c-run"), pid=4343))
+    (pod,) = run(metrics.list_pod_sandbox_metrics(svc, pb.ListPodSandboxMetricsRequest())).pod_metrics
+    c = next(c for c in pod.container_metrics if c.container_id == "c-run")
+    assert set(CRITEST_SERIES) <= {m.name for m in [*pod.metrics, *c.metrics]}
+    ms = list(c.metrics)
+    assert (_value(ms, "container_memory_kernel_usage"), _value(ms, "container_sockets")) == (64, 1)
+    st = os.statvfs(tmp_path)
+    assert (_value(ms, "container_fs_limit_bytes"), _value(ms, "container_fs_inodes_total")) == \
+        (st.f_blocks * st.f_frsize, st.f_files)
+    assert 0 < _value(ms, "container_fs_inodes_free") <= st.f_files
+    assert _value(ms, "container_blkio_device_usage_total", device="8:0", major="8", minor="0",
+                  operation="write") == 8192
 
 
 def _write(d, files: dict[str, str]) -> None:
@@ -298,12 +346,15 @@ def test_shim_v1_memsw_and_blkio(tmp_path):
     _write(mem, {"memory.stat": "total_rss 5\n", "memory.usage_in_bytes": "100\n", "memory.limit_in_bytes": "200\n",
                  "memory.max_usage_in_bytes": "150\n", "memory.failcnt": "2\n", "memory.oom_control": "oom_kill 0\n",
                  "memory.memsw.usage_in_bytes": "130\n", "memory.memsw.limit_in_bytes": "300\n",
-                 "memory.memsw.max_usage_in_bytes": "0\n", "memory.memsw.failcnt": "0\n"})
+                 "memory.memsw.max_usage_in_bytes": "0\n", "memory.memsw.failcnt": "0\n",
+                 "memory.kmem.usage_in_bytes": "40\n", "memory.kmem.limit_in_bytes": "9223372036854771712\n",
+                 "memory.kmem.max_usage_in_bytes": "50\n", "memory.kmem.failcnt": "0\n"})
     _write(blk, {"blkio.throttle.io_service_bytes_recursive": "8:0 Read 4096\n8:0 Write 512\n8:0 Sync 0\nTotal 4608\n",
                  "blkio.throttle.io_serviced_recursive": "8:0 Read 2\n8:0 Write 1\nTotal 3\n"})
     m = cgroup_watch.metrics(cgroup_watch.CgroupPaths(v1={"memory": str(mem), "blkio": str(blk)}))
     assert (m.memory.usage.usage, m.memory.usage.max, m.memory.usage.failcnt) == (100, 150, 2)
     assert (m.memory.swap.usage, m.memory.swap.limit) == (130, 300)
+    assert (m.memory.kernel.usage, stats.memory_of(m).kernel) == (40, 40)
     assert [(e.op, e.major, e.minor, e.value) for e in m.blkio.io_service_bytes_recursive] == \
         [("Read", 8, 0, 4096), ("Write", 8, 0, 512), ("Sync", 8, 0, 0)]
     f = stats.memory_of(m)
@@ -328,6 +379,11 @@ def test_shim_v2_swap_peak_and_io(tmp_path):
     assert [(e.op, e.value) for e in m.blkio.io_service_bytes_recursive] == [("Read", 4096), ("Write", 512)]
     assert [(e.op, e.value) for e in m.blkio.io_serviced_recursive] == [("Read", 2), ("Write", 1)]
     assert m.memory_oom_control.oom_kill == 2
+    assert m.memory.kernel.usage == 0 and f.kernel == 0       # no kernel counters in this memory.stat
+    (tmp_path / "memory.stat").write_text("anon 7\nkernel_stack 16\npagetables 8\nslab 100\nsock 3\n")
+    assert stats.memory_of(cgroup_watch.metrics(cgroup_watch.CgroupPaths(v2=str(tmp_path)))).kernel == 124
+    (tmp_path / "memory.stat").write_text("anon 7\nkernel 300\nkernel_stack 16\nslab 100\n")
+    assert stats.memory_of(cgroup_watch.metrics(cgroup_watch.CgroupPaths(v2=str(tmp_path)))).kernel == 300
     (tmp_path / "memory.swap.max").write_text("0\n")                    # swap off for this cgroup
     f = stats.memory_of(cgroup_watch.metrics(cgroup_watch.CgroupPaths(v2=str(tmp_path))))
     assert (f.swap_limit, f.swap_available) == (0, 0)
