@@ -21,8 +21,9 @@ def is_unified(root: str = CGROUP_ROOT) -> bool:
     """True when `root` is a cgroup2 mount (pure v2 host); False on v1 and hybrid hosts."""
     global _unified
     if _unified is None or root != CGROUP_ROOT:
-        # statfs magic via the type in mountinfo: os has no statfs, and the mount table says the same
-        result = _mount_type(root) == "cgroup2"
+        # statfs magic via the type in mountinfo: os has no statfs, and the mount table says the same. A cgroup2
+        # root always has cgroup.controllers: without it the scan (~1 ms with hundreds of mounts) is skipped
+        result = os.path.exists(os.path.join(root, "cgroup.controllers")) and _mount_type(root) == "cgroup2"
         if root != CGROUP_ROOT:
             return result
         _unified = result
