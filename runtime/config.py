@@ -33,6 +33,19 @@ RLIMITS = {
     "RLIMIT_RTPRIO": 14, "RLIMIT_RTTIME": 15,
 }
 HOOK_KINDS = ("prestart", "createRuntime", "createContainer", "startContainer", "poststart", "poststop")
+# (path, major, minor) created in every container's /dev, as the spec requires
+DEFAULT_DEVICES = [("/dev/null", 1, 3), ("/dev/zero", 1, 5), ("/dev/full", 1, 7), ("/dev/random", 1, 8),
+                   ("/dev/urandom", 1, 9), ("/dev/tty", 5, 0)]
+# cgroup device rules every container gets after the config's own (runc's allowed defaults); here,
+# not in rootfs.py, so that the runtime process (parent.cgroup_resources) need not import the rootfs code
+DEFAULT_DEVICE_RULES: list[dict[str, Any]] = [
+    {"allow": True, "type": "c", "major": -1, "minor": -1, "access": "m"},
+    {"allow": True, "type": "b", "major": -1, "minor": -1, "access": "m"},
+    *({"allow": True, "type": "c", "major": ma, "minor": mi, "access": "rwm"} for _, ma, mi in DEFAULT_DEVICES),
+    {"allow": True, "type": "c", "major": 5, "minor": 1, "access": "rwm"},     # /dev/console
+    {"allow": True, "type": "c", "major": 5, "minor": 2, "access": "rwm"},     # /dev/ptmx
+    {"allow": True, "type": "c", "major": 136, "minor": -1, "access": "rwm"},  # /dev/pts/*
+]
 
 
 # Records here are plain classes with __slots__, not dataclasses: `dataclasses` imports inspect, which would

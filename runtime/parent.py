@@ -204,7 +204,7 @@ def notify_listener(profile: dict[str, Any] | None) -> str | None:
 def cgroup_resources(cfg: Config) -> dict[str, Any]:
     """linux.resources with the device rules completed: the config's rules in order, then the defaults every
     container needs and an allow rule for each linux.devices entry (deny-all comes first in the managers)."""
-    from runtime.rootfs import DEFAULT_DEVICE_RULES
+    from runtime.config import DEFAULT_DEVICE_RULES
     resources = dict(cfg.linux.get("resources") or {})
     dev_rules = [{"allow": True, "type": "c" if d["type"] == "u" else d["type"], "major": d.get("major"),
                   "minor": d.get("minor"), "access": "rwm"}

@@ -13,6 +13,7 @@ TYPE_CHECKING = False  # `typing` costs ~4 ms (it imports re): annotations only
 if TYPE_CHECKING:
     from typing import Any
 
+from runtime.config import DEFAULT_DEVICES
 from runtime.errors import SetupError
 from runtime.linux import syscalls as sc
 
@@ -53,18 +54,6 @@ _KERNEL_FS_FLAGS = sc.MS_NOSUID | sc.MS_NODEV | sc.MS_NOEXEC
 ROOT_PROPAGATION = {"private": sc.MS_PRIVATE, "shared": sc.MS_SHARED, "slave": sc.MS_SLAVE,
                     "unbindable": sc.MS_UNBINDABLE}
 
-# (path, major, minor) created in every container's /dev, as the spec requires
-DEFAULT_DEVICES = [("/dev/null", 1, 3), ("/dev/zero", 1, 5), ("/dev/full", 1, 7), ("/dev/random", 1, 8),
-                   ("/dev/urandom", 1, 9), ("/dev/tty", 5, 0)]
-# cgroup device rules every container gets after the config's own (runc's allowed defaults)
-DEFAULT_DEVICE_RULES: list[dict[str, Any]] = [
-    {"allow": True, "type": "c", "major": -1, "minor": -1, "access": "m"},
-    {"allow": True, "type": "b", "major": -1, "minor": -1, "access": "m"},
-    *({"allow": True, "type": "c", "major": ma, "minor": mi, "access": "rwm"} for _, ma, mi in DEFAULT_DEVICES),
-    {"allow": True, "type": "c", "major": 5, "minor": 1, "access": "rwm"},     # /dev/console
-    {"allow": True, "type": "c", "major": 5, "minor": 2, "access": "rwm"},     # /dev/ptmx
-    {"allow": True, "type": "c", "major": 136, "minor": -1, "access": "rwm"},  # /dev/pts/*
-]
 DEV_SYMLINKS = [("/proc/self/fd", "/dev/fd"), ("/proc/self/fd/0", "/dev/stdin"),
                 ("/proc/self/fd/1", "/dev/stdout"), ("/proc/self/fd/2", "/dev/stderr")]
 
