@@ -14,6 +14,8 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from tests.support.waiting import wait_for  # noqa: F401 -- the suites import it from here
+
 BUSYBOX = "/usr/bin/busybox"
 APPLETS = ("sh", "cat", "echo", "sleep", "seq", "yes", "head", "true", "false", "ls", "kill", "printf",
            "dd", "tr", "wc", "tail", "env", "id", "stty", "ps")
@@ -144,15 +146,6 @@ def remove_cgroup(rel: str) -> None:
                 pass
 
 
-def wait_for(pred, timeout: float = 20.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        v = pred()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def runtimes_available() -> list[str]:

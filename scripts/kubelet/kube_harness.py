@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import random
 import shutil
 import signal
 import socket
@@ -23,12 +22,14 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if TOP not in sys.path:
     sys.path.insert(0, TOP)
+
+from tests.support.cri import PodNetwork  # noqa: E402 -- after the path
 
 SANDBOX_IMAGE = "registry.k8s.io/pause:3.9-husk"
 BUSYBOX = "docker.io/library/busybox:latest"
@@ -93,33 +94,10 @@ def port_free(port: int) -> bool:
 
 
 @dataclass
-class Network:
+class Network(PodNetwork):
     """A CNI conf dir with a bridge network of this run's own (bridge hke<tag>, 10.19x.y.0/24)."""
-    base: str
-    tag: str = field(default_factory=lambda: uuid.uuid4().hex[:6])
-
-    def __post_init__(self) -> None:
-        from cri_server.network.defaults import default_conflist
-        from tests.support.cri import nat_chains
-        self.bridge = f"hke{self.tag}"
-        self.subnet_prefix = f"10.{random.randint(190, 199)}.{random.randint(0, 255)}"
-        self.subnet = f"{self.subnet_prefix}.0/24"
-        self.conf_dir = os.path.join(self.base, "net.d")
-        os.makedirs(self.conf_dir, exist_ok=True)
-        doc = default_conflist(bridge=self.bridge, subnet=self.subnet, network=f"hke-{self.tag}",
-                               data_dir=os.path.join(self.base, "ipam"))
-        with open(os.path.join(self.conf_dir, "10-hke.conflist"), "w") as f:
-            json.dump(doc, f)
-        with open("/proc/sys/net/ipv4/ip_forward") as f:
-            self._ip_forward = f.read().strip()
-        self._chains = nat_chains()
-
-    def cleanup(self) -> None:
-        from tests.support.cri import remove_new_empty_portmap_chains, sh
-        sh("ip", "link", "del", self.bridge, check=False)
-        remove_new_empty_portmap_chains(self._chains)
-        with open("/proc/sys/net/ipv4/ip_forward", "w") as f:
-            f.write(self._ip_forward)
+    prefix: str = "hke"
+    octets: tuple[int, int] = (190, 199)
 
 
 def base_kubelet_config(manifests: str, pod_logs: str, endpoint: str, cgroup_root: str) -> dict[str, Any]:

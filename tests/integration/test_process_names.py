@@ -13,18 +13,9 @@ from shim.client import TaskClient
 from shim.service import ShimConfig
 from shim.spawner import SPAWNER_NAME, Spawner
 from tests.shim_fixtures import TOP, unique, wait_for
+from tests.support.procfs import args, comm
 
 pytestmark = pytest.mark.root
-
-
-def _comm(pid: int) -> str:
-    with open(f"/proc/{pid}/comm") as f:
-        return f.read().rstrip("\n")
-
-
-def _args(pid: int) -> str:
-    with open(f"/proc/{pid}/cmdline", "rb") as f:
-        return f.read().rstrip(b"\0").replace(b"\0", b" ").decode()
 
 
 def _gone(pid: int) -> bool:
@@ -61,8 +52,8 @@ def test_husk_shim_start_names_the_shim(tmp_path):
     info = json.loads(r.stdout)
     pid = info["pid"]
     try:
-        assert _comm(pid) == "husk-shim"
-        assert _args(pid) == f"husk-shim {cid}"
+        assert comm(pid) == "husk-shim"
+        assert args(pid) == f"husk-shim {cid}"
         assert pid in _pgrep("-x", "husk-shim")
         assert _pgrep("-f", f"^husk-shim {cid}$") == {pid}
     finally:
@@ -74,15 +65,15 @@ def test_spawner_and_spawned_shim_are_named(tmp_path):
     sp.start()
     try:
         # the zygote names itself first thing after the fork; start() does not wait for it
-        wait_for(lambda: _comm(sp.pid) != _comm(os.getpid()), 10, "spawner named")
-        assert _comm(sp.pid) == SPAWNER_NAME[:15] == "husk-cri-spawne"
-        assert _args(sp.pid) == "husk-cri-spawner"
+        wait_for(lambda: comm(sp.pid) != comm(os.getpid()), 10, "spawner named")
+        assert comm(sp.pid) == SPAWNER_NAME[:15] == "husk-cri-spawne"
+        assert args(sp.pid) == "husk-cri-spawner"
         cid = unique()
         got = sp.spawn(ShimConfig(id=cid, address=str(tmp_path / "y.sock"), state_dir=str(tmp_path / "st"),
                                   runtime="runc", runtime_root=str(tmp_path / "root")))
         try:
-            assert _comm(got.pid) == "husk-shim"
-            assert _args(got.pid) == f"husk-shim {cid}"
+            assert comm(got.pid) == "husk-shim"
+            assert args(got.pid) == f"husk-shim {cid}"
             assert sp.pid not in _pgrep("husk-shim") and got.pid in _pgrep("-x", "husk-shim")
         finally:
             _shutdown(got.address, cid, got.pid)

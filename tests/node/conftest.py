@@ -23,7 +23,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ from typing import Any
 import pytest
 
 from tests.support.cri import CriDaemon
+from tests.support.waiting import wait_for
 
 TOP = Path(__file__).resolve().parents[2]
 CGROUP = "/sys/fs/cgroup"
@@ -126,17 +126,6 @@ def start_transient_slice(name: str, properties: dict[str, tuple[str, Any]] | No
 def stop_unit(name: str) -> None:
     run("systemctl", "stop", name, check=False)
     run("systemctl", "reset-failed", name, check=False)
-
-
-def wait_for(pred: Any, timeout: float = 60.0, what: str = "condition", interval: float = 0.1) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        v = pred()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(interval)
 
 
 def cgroup_of(pid: int) -> str:

@@ -133,13 +133,17 @@ def test_limits_land_in_the_v2_files_and_update_changes_them(node_cri: NodeCri, 
     q = qos_parent()
     pod_id, pod = new_pod(node_cri, q)
     rt = node_cri.runtime_stub()
+    # kubelet sends a hugepage limit for every page size the node has (the guest boots with 2 MB pages): on
+    # cgroup v2 the hugetlb controller exists, so it lands in hugetlb.<size>.max under either driver
     res = pb.LinuxContainerResources(cpu_period=100000, cpu_quota=50000, cpu_shares=512,
-                                     memory_limit_in_bytes=64 * MIB, unified={"pids.max": "42"})
+                                     memory_limit_in_bytes=64 * MIB, unified={"pids.max": "42"},
+                                     hugepage_limits=[pb.HugepageLimit(page_size="2MB", limit=4 * MIB)])
     cid = start(node_cri, pod_id, pod, container("limited", "exec sleep 3600", resources=res))
     path = check_placement(node_cri, q, cid, container_pid(node_cri, cid))
     assert read_cg(path, "cpu.max") == "50000 100000"
     assert read_cg(path, "memory.max") == str(64 * MIB)
     assert read_cg(path, "pids.max") == "42"
+    assert read_cg(path, "hugetlb.2MB.max") == str(4 * MIB)
     assert read_cg(path, "cpu.weight") != "100"     # shares 512 is not the default weight
     rt.UpdateContainerResources(pb.UpdateContainerResourcesRequest(
         container_id=cid, linux=pb.LinuxContainerResources(cpu_period=100000, cpu_quota=25000,

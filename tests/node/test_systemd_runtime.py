@@ -10,7 +10,6 @@ import select
 import shlex
 import subprocess
 import tempfile
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 import pytest
 
 from tests.node.conftest import node_guest
+from tests.support.waiting import wait_for
 from tests.vm.container import HUSK, BundleTemplate, build_template
 
 pytestmark = [pytest.mark.node, pytest.mark.vm, pytest.mark.root,
@@ -29,15 +29,6 @@ CGROUP = "/sys/fs/cgroup"
 TIMEOUT = 120.0
 
 
-def wait_for(what: str, cond: Any, timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def show(unit: str, *props: str) -> dict[str, str]:
@@ -204,9 +195,9 @@ def test_scope_in_a_nested_pod_slice_through_its_whole_life(node: Node) -> None:
 
     # delete: no unit, no cgroup
     node.husk("kill", cid, "KILL")
-    wait_for("the container to stop", lambda: node.state(cid)["status"] == "stopped")
+    wait_for(lambda: node.state(cid)["status"] == "stopped", what="the container to stop")
     node.husk("delete", cid)
-    wait_for(f"{unit} to be gone", lambda: unit_gone(unit))
+    wait_for(lambda: unit_gone(unit), what=f"{unit} to be gone")
     assert not os.path.exists(d)
     assert not os.path.exists(Path(node.root, cid))
 
@@ -218,7 +209,7 @@ def test_delete_force_of_a_running_container_stops_its_unit(node: Node) -> None:
     d = CGROUP + node.record(cid)["cgroup_path"]
     assert show(unit, "ActiveState")["ActiveState"] == "active"
     node.husk("delete", "--force", cid)
-    wait_for(f"{unit} to be gone", lambda: unit_gone(unit))
+    wait_for(lambda: unit_gone(unit), what=f"{unit} to be gone")
     assert not os.path.exists(d)
 
 
@@ -248,7 +239,7 @@ def test_oom_in_the_scope_is_reported(node: Node) -> None:
         lines = _lines(events.stdout.fileno())
         seen.append(json.loads(next(lines))["type"])   # the first stats line: the OOM watch is set up
         node.husk("start", cid)
-        wait_for("dd to end", lambda: "dd-status" in node.output(cid), TIMEOUT)
+        wait_for(lambda: "dd-status" in node.output(cid), TIMEOUT, "dd to end")
         assert "dd-status=137" in node.output(cid), (node.output(cid), read(f"{d}/memory.events"))
         assert int(read(f"{d}/memory.events").split("oom_kill ")[1].split()[0]) >= 1
         for line in lines:

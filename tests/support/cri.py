@@ -55,21 +55,25 @@ def remove_new_empty_portmap_chains(before: set[str]) -> None:
 
 @dataclass
 class PodNetwork:
-    """A CNI conf dir with a bridge + host-local + portmap network of unique names; local traffic only."""
+    """A CNI conf dir with a bridge + host-local + portmap network of unique names; local traffic only.
+    `prefix` names the bridge (<prefix><tag>) and the network; the subnet is 10.<octets range>.<random>.0/24, so
+    that suites running side by side (the CRI tests, scripts/kubelet-e2e) never share one."""
     base: str
     tag: str = field(default_factory=lambda: uuid.uuid4().hex[:6])
+    prefix: str = "hct"
+    octets: tuple[int, int] = (200, 250)
 
     def __post_init__(self) -> None:
-        self.bridge = f"hct{self.tag}"
-        self.subnet_prefix = f"10.{random.randint(200, 250)}.{random.randint(0, 255)}"
+        self.bridge = f"{self.prefix}{self.tag}"
+        self.subnet_prefix = f"10.{random.randint(*self.octets)}.{random.randint(0, 255)}"
         self.subnet = f"{self.subnet_prefix}.0/24"
         self.conf_dir = os.path.join(self.base, "net.d")
         self.ipam_dir = os.path.join(self.base, "ipam")
         os.makedirs(self.conf_dir, exist_ok=True)
         from cri_server.network.defaults import default_conflist
-        doc = default_conflist(bridge=self.bridge, subnet=self.subnet, network=f"hct-{self.tag}",
+        doc = default_conflist(bridge=self.bridge, subnet=self.subnet, network=f"{self.prefix}-{self.tag}",
                                data_dir=self.ipam_dir)
-        with open(os.path.join(self.conf_dir, "10-hct.conflist"), "w") as f:
+        with open(os.path.join(self.conf_dir, f"10-{self.prefix}.conflist"), "w") as f:
             json.dump(doc, f)
         with open("/proc/sys/net/ipv4/ip_forward") as f:
             self._ip_forward = f.read().strip()

@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import os
-import time
 import uuid
-from typing import Any, Callable
+from typing import Any
 
 from cri_server.api.v1 import api_pb2 as pb
 from tests.integration.cri.conftest import BUSYBOX
 from tests.support.cri import CriDaemon
+from tests.support.waiting import wait_for  # noqa: F401 -- the suites import it from here
 
 
 def pod_config(cri: CriDaemon, name: str = "", log_dir: str = "", **kw: Any) -> pb.PodSandboxConfig:
@@ -44,15 +44,6 @@ def status(rt: Any, cid: str) -> pb.ContainerStatus:
     return rt.ContainerStatus(pb.ContainerStatusRequest(container_id=cid), timeout=30).status
 
 
-def wait_for(pred: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        v = pred()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def wait_exited(rt: Any, cid: str, timeout: float = 30.0) -> pb.ContainerStatus:

@@ -11,19 +11,9 @@ import pytest
 from cri_server.api.v1 import api_pb2 as pb
 from tests.integration.cri.conftest import BUSYBOX
 from tests.integration.cri.helpers import container_config, pod_config, run_pod, start_container
+from tests.support.procfs import args, comm
 
 pytestmark = [pytest.mark.root, pytest.mark.e2e]
-
-
-def _comm(pid: int) -> str:
-    with open(f"/proc/{pid}/comm") as f:
-        return f.read().rstrip("\n")
-
-
-def _args(pid: int) -> str:
-    """The command line as `ps -o args` and `pgrep -f` see it: NULs as spaces, trailing ones dropped."""
-    with open(f"/proc/{pid}/cmdline", "rb") as f:
-        return f.read().rstrip(b"\0").replace(b"\0", b" ").decode()
 
 
 def _ppid(pid: int) -> int:
@@ -57,15 +47,15 @@ def test_daemon_spawner_and_shims_are_named(cri):
     pod_id = run_pod(rt, pod)
     cid = start_container(rt, pod_id, pod, container_config("c", ["sleep", "3600"]))
 
-    assert _comm(daemon) == "husk-cri"
-    spawners = [p for p in _children(daemon) if _comm(p) == "husk-cri-spawne"]
-    assert len(spawners) == 1, [(p, _comm(p)) for p in _children(daemon)]
+    assert comm(daemon) == "husk-cri"
+    spawners = [p for p in _children(daemon) if comm(p) == "husk-cri-spawne"]
+    assert len(spawners) == 1, [(p, comm(p)) for p in _children(daemon)]
     spawner = spawners[0]
-    assert _args(spawner) == "husk-cri-spawner"
+    assert args(spawner) == "husk-cri-spawner"
 
     shims = cri.shim_pids()
-    assert sorted(_args(p) for p in shims) == sorted([f"husk-shim {pod_id}", f"husk-shim {cid}"])
-    assert all(_comm(p) == "husk-shim" for p in shims)
+    assert sorted(args(p) for p in shims) == sorted([f"husk-shim {pod_id}", f"husk-shim {cid}"])
+    assert all(comm(p) == "husk-shim" for p in shims)
 
     # Other husk-cri instances may run on this machine: check membership, and exactness for ours.
     named_shims = _pgrep("-x", "husk-shim")
@@ -76,4 +66,4 @@ def test_daemon_spawner_and_shims_are_named(cri):
     assert daemon in daemons and spawner not in daemons
     assert spawner in _pgrep("-f", "^husk-cri-spawner$")
     # pgrep -f finds one container's shim by its id
-    assert _pgrep("-f", f"^husk-shim {cid}$") == {p for p in shims if _args(p).endswith(cid)}
+    assert _pgrep("-f", f"^husk-shim {cid}$") == {p for p in shims if args(p).endswith(cid)}
