@@ -338,7 +338,7 @@ def main() -> int:
     os.makedirs(a.out, exist_ok=True)
 
     from cri_server.images import testimages
-    from tests.support.cri import CriDaemon, PodNetwork, remove_cgroup_tree
+    from tests.support.cri import CriDaemon, PodNetwork
     from tests.support.registry import LocalRegistry, write_hosts_toml
 
     def log(msg: str) -> None:
@@ -420,22 +420,29 @@ def main() -> int:
                 d.remove_all()
             results["load_after"] = os.getloadavg()
     finally:
-        for d in drivers:
-            d.channel.close()
-        if husk is not None:
-            husk.cleanup()
-        if ctd is not None:
-            ctd.cleanup()
-        for n in (husk_net, ctd_net):
-            if n is not None:
-                n.cleanup()
-        reg.stop()
-        for d in drivers:
-            remove_cgroup_tree(d.cgroup_parent)
+        teardown(drivers, husk, ctd, (husk_net, ctd_net), reg)
     with open(os.path.join(a.out, "results.json"), "w") as f:
         json.dump(results, f, indent=1)
     print(_burst_table(results["burst"]) if a.burst else _table(results))
     return 0
+
+
+def teardown(drivers: list, husk: Any, ctd: Any, nets: tuple, reg: Any) -> None:
+    """Ends a benchmark's bed: the clients, husk-cri, containerd, the pod networks, the registry and the pods'
+    cgroup parents (scripts/bench/relist.py ends its bed the same way)."""
+    from tests.support.cri import remove_cgroup_tree
+    for d in drivers:
+        d.channel.close()
+    if husk is not None:
+        husk.cleanup()
+    if ctd is not None:
+        ctd.cleanup()
+    for n in nets:
+        if n is not None:
+            n.cleanup()
+    reg.stop()
+    for d in drivers:
+        remove_cgroup_tree(d.cgroup_parent)
 
 
 def _is_under(pid: int, d: str) -> bool:

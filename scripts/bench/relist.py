@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -202,7 +201,7 @@ def main() -> int:
     os.makedirs(a.out, exist_ok=True)
 
     from cri_server.images import testimages
-    from tests.support.cri import CriDaemon, PodNetwork, remove_cgroup_tree
+    from tests.support.cri import CriDaemon, PodNetwork
     from tests.support.registry import LocalRegistry, write_hosts_toml
 
     layouts = os.path.join(cri.TOP, ".cache", "bench-cri-layouts")
@@ -298,18 +297,7 @@ def main() -> int:
         for s in sides:
             s.driver.remove_all()
     finally:
-        for s in sides:
-            s.driver.channel.close()
-        if husk is not None:
-            husk.cleanup()
-        if ctd is not None:
-            ctd.cleanup()
-        for n in (husk_net, ctd_net):
-            if n is not None:
-                n.cleanup()
-        reg.stop()
-        for s in sides:
-            remove_cgroup_tree(s.driver.cgroup_parent)
+        cri.teardown([s.driver for s in sides], husk, ctd, (husk_net, ctd_net), reg)
     with open(os.path.join(a.out, "results.json"), "w") as f:
         json.dump(results, f, indent=1)
     print(table(results))
