@@ -21,6 +21,7 @@ JOIN_ORDER = ("user", "ipc", "uts", "network", "pid", "cgroup", "time", "mount")
 
 def run(ctx: "CreateContext", chan: "Channel", reentered: bool = False) -> None:
     """Never returns: exits 0 after forking the init, 1 after reporting an error to the parent."""
+    _name(STAGE_NAME)
     try:
         from runtime import exeguard
         if not exeguard.is_protected():
@@ -117,3 +118,16 @@ def resume(payload: dict) -> None:
         if fd >= 0:
             os.set_inheritable(fd, False)
     run(ctx, chan, reentered=True)
+
+
+# What ps and pgrep show of the intermediate stage (runc: "runc:[1:CHILD]"; the init is "husk:[2:INIT]" until
+# it execs the user process): not the name of the process that forked it (a shim, "husk-shim").
+STAGE_NAME = "husk:[1:CHILD]"
+
+
+def _name(name: str) -> None:
+    from runtime.linux import syscalls
+    try:
+        syscalls.set_name(name)
+    except OSError:
+        pass

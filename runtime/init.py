@@ -19,7 +19,14 @@ if TYPE_CHECKING:
     from runtime.sync import Channel
 
 
+INIT_NAME = "husk:[2:INIT]"
+
+
 def run(ctx: "CreateContext", chan: "Channel") -> None:
+    try:
+        sc.set_name(INIT_NAME)   # until the user process is exec'd (runc: "runc:[2:INIT]")
+    except OSError:
+        pass
     fifo_w = -1
     try:
         # As pid 1 of its namespace the init only receives signals it handles; runc's init (Go) handles them all,

@@ -79,3 +79,16 @@ def test_spawner_and_spawned_shim_are_named(tmp_path):
             _shutdown(got.address, cid, got.pid)
     finally:
         sp.stop()
+
+
+def test_a_created_containers_init_is_named_as_runcs_stage(husk, make_bundle) -> None:
+    """Until `start`, the init waits in the runtime's code: `husk:[2:INIT]` (runc: `runc:[2:INIT]`), never the
+    name of whatever forked it (so `pgrep -x husk-shim` lists shims only); after the exec, the user program's."""
+    cid, _ = husk.create(make_bundle(["sleep", "1000"]), None)
+    try:
+        pid = husk.state(cid)["pid"]
+        assert comm(pid) == "husk:[2:INIT]"
+        husk("start", cid)
+        assert comm(pid) == "sleep"
+    finally:
+        husk("delete", "--force", cid, check=False)
