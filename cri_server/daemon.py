@@ -50,10 +50,10 @@ def start_spawner(config: Config) -> Any:
     """The single-threaded shim spawner (a fresh, protected interpreter with shim/ and runtime/ imported, see
     shim/spawner.py), started before grpc is imported and before any thread exists: every shim is forked from
     it, never from this process."""
-    from shim.spawner import Spawner, SpawnError
+    from shim.spawner import SYSTEMD_MODULES, Spawner, SpawnError
     spawner = Spawner()
     try:
-        spawner.start()
+        spawner.start(preload=SYSTEMD_MODULES if config.runtime.systemd_cgroup else ())
     except SpawnError as e:
         log.warning("no shim spawner (%s); shims start as fresh processes", e)
         return None
