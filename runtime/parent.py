@@ -174,7 +174,7 @@ def create(root: str, container_id: str, cfg: Config, *, console_socket: str | N
                         rootfs=cfg.rootfs, created=st.now_rfc3339(), cgroup_path=cgroup_path, config=cfg.raw,
                         annotations=dict(cfg.raw.get("annotations") or {}), no_new_keyring=no_new_keyring)
         if unit is not None:
-            rec.cgroup_driver, rec.systemd_unit = systemd.DRIVER, unit.name
+            rec.systemd_unit = unit.name
         st.save(state_dir, rec)
         if pid_file:
             st.write_pid_file(pid_file, init_pid)

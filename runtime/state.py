@@ -42,12 +42,12 @@ class Record:
     """What create persists for the other verbs. `config` is the full config.json dict.
     A plain class rather than a dataclass: `dataclasses` imports inspect, too slow for `husk state`."""
     __slots__ = ("id", "pid", "pid_start", "bundle", "rootfs", "created", "cgroup_path", "config", "owner",
-                 "annotations", "no_new_keyring", "version", "cgroup_driver", "systemd_unit")
+                 "annotations", "no_new_keyring", "version", "systemd_unit")
 
     def __init__(self, id: str, pid: int, pid_start: int, bundle: str, rootfs: str, created: str,
                  cgroup_path: str, config: "dict[str, Any]", owner: str = "",
                  annotations: "dict[str, str] | None" = None, no_new_keyring: bool = False,
-                 version: int = FORMAT, cgroup_driver: str = "cgroupfs", systemd_unit: str = "") -> None:
+                 version: int = FORMAT, systemd_unit: str = "") -> None:
         self.id = id
         self.pid = pid
         self.pid_start = pid_start          # /proc/<pid>/stat starttime: detects pid reuse
@@ -60,17 +60,20 @@ class Record:
         self.annotations = annotations or {}
         self.no_new_keyring = no_new_keyring  # create's --no-new-keyring: exec then keeps its caller's keyring
         self.version = version
-        # "systemd": the cgroup is the transient scope `systemd_unit` (husk --systemd-cgroup); cgroup_path is
-        # still its cgroupfs path, which every verb but update and delete uses as is
-        self.cgroup_driver = cgroup_driver
+        # set: the cgroup is the transient scope `systemd_unit` (husk --systemd-cgroup); cgroup_path is still its
+        # cgroupfs path, which every verb but update and delete uses as is
         self.systemd_unit = systemd_unit
+
+    @property
+    def cgroup_driver(self) -> str:
+        return "systemd" if self.systemd_unit else "cgroupfs"
 
     def to_dict(self) -> dict[str, Any]:
         return {"version": self.version, "id": self.id, "pid": self.pid, "pid_start": self.pid_start,
                 "bundle": self.bundle, "rootfs": self.rootfs, "created": self.created,
                 "cgroup_path": self.cgroup_path, "config": self.config, "owner": self.owner,
                 "annotations": self.annotations, "no_new_keyring": self.no_new_keyring,
-                "cgroup_driver": self.cgroup_driver, "systemd_unit": self.systemd_unit}
+                "systemd_unit": self.systemd_unit}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Record":
@@ -78,7 +81,7 @@ class Record:
                    created=d["created"], cgroup_path=d["cgroup_path"], config=d["config"],
                    owner=d.get("owner", ""), annotations=d.get("annotations") or {},
                    no_new_keyring=d.get("no_new_keyring", False), version=d["version"],
-                   cgroup_driver=d.get("cgroup_driver", "cgroupfs"), systemd_unit=d.get("systemd_unit", ""))
+                   systemd_unit=d.get("systemd_unit", ""))
 
 
 def container_dir(root: str, container_id: str) -> str:

@@ -21,7 +21,6 @@ USEC_INFINITY = 2**64 - 1       # systemd's "infinity" for the uint64 properties
 DEFAULT_CPU_PERIOD = 100000     # us, the kernel's default cpu.max period
 CPU_QUOTA_PERIOD_SINCE = 242    # systemd versions that know these properties
 CPUSET_SINCE = 244
-DRIVER = "systemd"
 
 
 class Unit:
