@@ -38,6 +38,8 @@ def _effective(ctx: click.Context) -> cfg.Config:
 @click.option("--stream-tls-key", metavar="FILE", help="PEM private key of --stream-tls-cert.")
 @click.option("--stream-tls-ca", metavar="FILE", help="PEM CA: streaming clients must present a certificate it "
                                                       "signed.")
+@click.option("--metrics-address", metavar="HOST:PORT", help="Serve Prometheus metrics on http://HOST:PORT/metrics "
+                                                             "(off by default).")
 @click.option("--runtime", metavar="BINARY", help="OCI runtime of the default handler, or in-process.")
 @click.option("--systemd-cgroup/--no-systemd-cgroup", "systemd_cgroup", default=None,
               help="Cgroup driver: systemd (kubelet's cgroupDriver: systemd) or cgroupfs (the default).")
@@ -108,6 +110,78 @@ def setup(ctx: click.Context, catatonit: str, systemd_unit: bool, unit_dir: str,
             click.echo(f"husk-cri setup: {line}")
     for line in nodesetup.setup_node(config, catatonit):
         click.echo(f"husk-cri setup: {line}")
+
+
+# --- inspection without husk-cri (cri_server/offline.py): the store read-only, each shim asked ---------------
+_SHIM_TIMEOUT = click.option("--shim-timeout", type=float, default=1.0, show_default=True, metavar="SECONDS",
+                             help="How long each shim may take to answer.")
+
+
+def _offline(ctx: click.Context, run: Any) -> None:
+    from cri_server import offline
+    config = _effective(ctx)
+    offline.note(config.db_path, config.paths.state)
+    try:
+        sys.exit(run(offline, config))
+    except offline.OfflineError as e:
+        raise click.ClickException(str(e)) from None
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+@main.command("pods")
+@_SHIM_TIMEOUT
+@click.pass_context
+def pods_cmd(ctx: click.Context, shim_timeout: float) -> None:
+    """List pod sandboxes as `crictl pods` does, read directly (works while husk-cri is down or hangs)."""
+    _offline(ctx, lambda o, c: o.cmd_pods(c, sys.stdout, shim_timeout))
+
+
+@main.command("ps")
+@click.option("-a", "--all", "all_states", is_flag=True, help="Show exited containers too.")
+@_SHIM_TIMEOUT
+@click.pass_context
+def ps_cmd(ctx: click.Context, all_states: bool, shim_timeout: float) -> None:
+    """List containers as `crictl ps` does, read directly (works while husk-cri is down or hangs)."""
+    _offline(ctx, lambda o, c: o.cmd_ps(c, sys.stdout, all_states, shim_timeout))
+
+
+@main.command("inspect")
+@click.argument("ids", nargs=-1, required=True, metavar="ID...")
+@_SHIM_TIMEOUT
+@click.pass_context
+def inspect_cmd(ctx: click.Context, ids: tuple[str, ...], shim_timeout: float) -> None:
+    """Print a container's or pod sandbox's status and info as JSON (crictl inspect/inspectp), read directly.
+    ID may be a unique prefix."""
+    _offline(ctx, lambda o, c: o.cmd_inspect(c, sys.stdout, list(ids), shim_timeout))
+
+
+@main.command("logs")
+@click.option("-f", "--follow", is_flag=True, help="Follow the log (across kubelet's rotations) until the "
+                                                   "container ends.")
+@click.option("--tail", "tail_lines", type=int, default=-1, metavar="N", help="Only the last N lines.")
+@click.argument("container_id", metavar="ID")
+@_SHIM_TIMEOUT
+@click.pass_context
+def logs_cmd(ctx: click.Context, follow: bool, tail_lines: int, container_id: str, shim_timeout: float) -> None:
+    """Print a container's log as `crictl logs` does, read from its CRI log file directly."""
+    _offline(ctx, lambda o, c: o.cmd_logs(c, sys.stdout.buffer, sys.stderr.buffer, container_id, follow,
+                                          tail_lines, shim_timeout))
+
+
+@main.command("trace")
+@click.argument("object_id", metavar="ID", required=False, default="")
+@click.option("--failed", is_flag=True, help="List the kept traces of creations that failed.")
+@click.option("--width", type=int, default=0, metavar="COLUMNS", help="Width of the waterfall (default: the "
+                                                                      "terminal's).")
+@click.pass_context
+def trace_cmd(ctx: click.Context, object_id: str, failed: bool, width: int) -> None:
+    """Print the start-up trace of a pod sandbox or container as a waterfall (cri_server/trace.py), read
+    directly from the store. ID may be a unique prefix, also of a creation that failed."""
+    if not object_id and not failed:
+        raise click.UsageError("give an ID or --failed")
+    from cri_server import trace
+    _offline(ctx, lambda o, c: trace.cmd_trace(c, sys.stdout, object_id, failed, width))
 
 
 def _mount_subcommands() -> None:

@@ -98,6 +98,30 @@ class StreamingConfig:
 
 
 @dataclass(frozen=True)
+class MetricsConfig:
+    address: str = _opt("", "host:port of the Prometheus /metrics endpoint (plain HTTP), e.g. 127.0.0.1:9101; "
+                            "empty: off (prometheus_client is not even imported)")
+
+    def host_port(self) -> tuple[str, int]:
+        """(host, port) of `address`: "127.0.0.1:9101", "[::1]:9101", ":9101" (every IPv4 address); ValueError
+        says what is wrong."""
+        host, sep, port = self.address.rpartition(":")
+        if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+            raise ValueError(f"expected host:port with a port 0..65535, got {self.address!r}")
+        if host.startswith("[") and host.endswith("]"):
+            host = host[1:-1]
+        elif ":" in host:
+            raise ValueError(f"write an IPv6 address in brackets ([::1]:9101), got {self.address!r}")
+        return host or "0.0.0.0", int(port)
+
+
+@dataclass(frozen=True)
+class TraceConfig:
+    slow_step_seconds: float = _opt(2.0, "a start-up step (cri_server/trace.py) slower than this logs a warning "
+                                         "naming the pod and the step; 0: never")
+
+
+@dataclass(frozen=True)
 class Config:
     server: ServerConfig = field(default_factory=ServerConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
@@ -105,6 +129,8 @@ class Config:
     cni: CniConfig = field(default_factory=CniConfig)
     registry: RegistryConfig = field(default_factory=RegistryConfig)
     streaming: StreamingConfig = field(default_factory=StreamingConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    trace: TraceConfig = field(default_factory=TraceConfig)
 
     # Paths derived from the two roots, in one place so every module agrees on them.
     @property
@@ -139,6 +165,7 @@ class Config:
 _SECTION_TYPES: dict[str, type] = {
     "server": ServerConfig, "paths": PathsConfig, "runtime": RuntimeConfig,
     "cni": CniConfig, "registry": RegistryConfig, "streaming": StreamingConfig,
+    "metrics": MetricsConfig, "trace": TraceConfig,
 }
 
 
@@ -235,6 +262,13 @@ def validate(config: Config, source: str = "") -> None:
     if not 0 <= config.streaming.port <= 65535:
         raise ConfigError("streaming.port", "must be 0..65535", source)
     _validate_streaming_tls(config.streaming, source)
+    if config.trace.slow_step_seconds < 0:
+        raise ConfigError("trace.slow_step_seconds", "must be >= 0", source)
+    if config.metrics.address:
+        try:
+            config.metrics.host_port()
+        except ValueError as e:
+            raise ConfigError("metrics.address", str(e), source) from None
 
 
 def _validate_streaming_tls(st: StreamingConfig, source: str) -> None:
@@ -284,6 +318,7 @@ FLAG_KEYS = {
     "stream_tls_cert": ("streaming", "tls_cert_file"),
     "stream_tls_key": ("streaming", "tls_key_file"),
     "stream_tls_ca": ("streaming", "tls_ca_file"),
+    "metrics_address": ("metrics", "address"),
 }
 
 

@@ -10,6 +10,7 @@ import logging
 import os
 import socket
 import stat
+import time
 from typing import Any
 
 from cri_server import logs, oom
@@ -101,12 +102,49 @@ def run(config: Config) -> int:
     if policy.minimum > oom.OOM_SCORE_ADJ_MIN:
         log.warning("oom_score_adj is restricted", extra={"minimum": policy.minimum, "reason": policy.reason})
     spawner = start_spawner(config)
-    import asyncio
     try:
-        return asyncio.run(serve(config, policy, spawner))
+        rc = run_loop(serve(config, policy, spawner))
     finally:
         if spawner is not None:
             spawner.stop()
+    exit_now(rc)
+    return rc  # not reached
+
+
+def run_loop(main: Any) -> Any:
+    """asyncio.run(main), less its wait for the default executor's threads: a worker still walking a container's
+    upper directory for a stats RPC that the shutdown cancelled must not hold up the stop (the work is dropped
+    with the process, which ends right after). Tasks left are cancelled and awaited, as asyncio.run does."""
+    import asyncio
+    loop = asyncio.new_event_loop()
+    try:
+        asyncio.set_event_loop(loop)
+        return loop.run_until_complete(main)
+    finally:
+        try:
+            left = [t for t in asyncio.all_tasks(loop) if not t.done()]
+            for t in left:
+                t.cancel()
+            if left:
+                loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()  # shuts the default executor down without waiting for its threads
+
+
+def exit_now(rc: int) -> None:
+    """End the process once serve() has closed everything that holds state (gRPC server, shims' connections,
+    databases): flush the logs and stdio and _exit, skipping the interpreter's teardown (the join of executor
+    threads, atexit hooks, freeing a gc-frozen heap module by module), which was most of a stop's time."""
+    import sys
+    logging.shutdown()
+    for f in (sys.stdout, sys.stderr):
+        try:
+            f.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(rc)
 
 
 def default_runtime(config: Config) -> str:
@@ -117,6 +155,21 @@ def default_runtime(config: Config) -> str:
         log.warning("runtime.runtime is in-process, but this husk has no runtime.lifecycle: using runc")
         return "runc"
     return runtime
+
+
+def start_metrics(config: Config, services: Any) -> Any:
+    """The Prometheus endpoint (cri_server/prometheus.py) when `metrics.address` is set, else None: without it
+    prometheus_client is never imported and no interceptor is in the RPC path."""
+    if not config.metrics.address:
+        return None
+    import asyncio
+
+    from cri_server import prometheus
+    host, port = config.metrics.host_port()
+    try:
+        return prometheus.start(host, port, prometheus.snapshot_from_loop(asyncio.get_running_loop(), services))
+    except OSError as e:
+        raise StartupError(f"metrics.address: cannot serve on {config.metrics.address}: {e.strerror or e}") from None
 
 
 async def serve(config: Config, policy: oom.OomScorePolicy, spawner: Any = None,
@@ -160,7 +213,9 @@ async def serve(config: Config, policy: oom.OomScorePolicy, spawner: Any = None,
     services.streaming = make_server(services, tls)
     if services.streaming is not None:
         await services.streaming.start()
-    server = grpc.aio.server(options=[("grpc.max_receive_message_length", 16 << 20),
+    metrics = start_metrics(config, services)
+    server = grpc.aio.server(interceptors=[metrics.interceptor] if metrics is not None else None,
+                             options=[("grpc.max_receive_message_length", 16 << 20),
                                       ("grpc.max_send_message_length", 16 << 20)])
     api_pb2_grpc.add_RuntimeServiceServicer_to_server(RuntimeServicer(services), server)
     api_pb2_grpc.add_ImageServiceServicer_to_server(ImageServicer(services), server)
@@ -207,17 +262,28 @@ async def serve(config: Config, policy: oom.OomScorePolicy, spawner: Any = None,
         log.info("husk-cri stopping; pods and containers keep running")
         sdnotify.notify(sdnotify.STOPPING)
         services.events.close()
+        t_stop = time.monotonic()
+        # Returns as soon as no RPC is in flight (at once when none is); the grace bounds only RPCs still running.
         await server.stop(config.server.shutdown_grace)
+        phases = {"grpc": time.monotonic() - t_stop}
+        if metrics is not None:
+            await metrics.close()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+        t = time.monotonic()
         await services.tasks.close()
         if services.streaming is not None:
             await services.streaming.stop()
         await services.shims.close()
+        phases["shims"] = time.monotonic() - t
+        t = time.monotonic()
         await services.images.close()
         store.close()
+        phases["databases"] = time.monotonic() - t
         try:
             os.unlink(path)
         except FileNotFoundError:
             pass
+        log.info("husk-cri stopped", extra={"ms": round((time.monotonic() - t_stop) * 1e3, 1),
+                                            **{f"{k}_ms": round(v * 1e3, 1) for k, v in phases.items()}})
     return 0

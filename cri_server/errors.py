@@ -50,3 +50,14 @@ class DeadlineExceeded(CriError):
 
 class Internal(CriError):
     code = "INTERNAL"
+
+
+class ResourceExhausted(CriError):
+    """Out of a resource: the disk (ENOSPC), or a size limit of the answer; the message says which and how much."""
+    code = "RESOURCE_EXHAUSTED"
+
+
+def image_failure(message: str, e: Exception, default: type[CriError] = Internal) -> CriError:
+    """`default(message)` for a failure of the image service, unless it is a full disk (images.errors.NoSpace):
+    then ResourceExhausted(message), the code kubelet gets for ENOSPC wherever it happens."""
+    return ResourceExhausted(message) if getattr(e, "code", "") == "RESOURCE_EXHAUSTED" else default(message)

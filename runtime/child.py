@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 TYPE_CHECKING = False  # `typing` costs ~4 ms (it imports re): annotations only
 
+from runtime import stages
 from runtime.errors import SetupError, describe
 from runtime.linux import syscalls as sc
 
@@ -22,6 +23,7 @@ JOIN_ORDER = ("user", "ipc", "uts", "network", "pid", "cgroup", "time", "mount")
 def run(ctx: "CreateContext", chan: "Channel", reentered: bool = False) -> None:
     """Never returns: exits 0 after forking the init, 1 after reporting an error to the parent."""
     _name(STAGE_NAME)
+    ctx.stages = []   # this process's own; the runtime's were copied by the fork
     try:
         from runtime import exeguard
         if not exeguard.is_protected():
@@ -30,7 +32,7 @@ def run(ctx: "CreateContext", chan: "Channel", reentered: bool = False) -> None:
             if reentered:
                 raise SetupError("the runtime's interpreter is still writable after the protected re-exec")
             exeguard.reenter("create", {"ctx": ctx.to_payload(), "chan": (chan.rfd, chan.wfd)},
-                             [chan.rfd, chan.wfd, ctx.fifo_fd, ctx.console_fd, ctx.listener_fd])
+                             [chan.rfd, chan.wfd, ctx.fifo_fd, ctx.console_fd, ctx.listener_fd, ctx.idmap_fd])
         cfg = ctx.cfg
         seen: set[str] = set()
 
@@ -46,10 +48,13 @@ def run(ctx: "CreateContext", chan: "Channel", reentered: bool = False) -> None:
                 seen.add(got)
 
         from runtime import init
-        ctx.seccomp = init.preload(cfg.raw)
+        ctx.seccomp = init.preload(cfg.raw, ctx.stages)
+        t_ns = stages.now()
         userns_new = cfg.new_ns("user")
         # CVE-2019-5736 class: nothing in the container may open /proc/<us>/exe (the host interpreter)
         sc.set_dumpable(False)
+        if cfg.ns("user") is not None:
+            _before_userns(cfg.process)
         fds = []
         for kind in JOIN_ORDER:
             ns = cfg.ns(kind)
@@ -58,6 +63,8 @@ def run(ctx: "CreateContext", chan: "Channel", reentered: bool = False) -> None:
                     fds.append((kind, os.open(ns.path, os.O_RDONLY | os.O_CLOEXEC)))
                 except OSError as e:
                     raise OSError(e.errno, f"open namespace {kind} at {ns.path}: {e.strerror}") from None
+        if fds and fds[0][0] == "user":
+            fds = join_before_userns(fds)
         for kind, fd in fds:
             if kind == "cgroup":
                 wait_for("go")  # a cgroup namespace's root is the cgroup we are in when we join or create it
@@ -68,6 +75,12 @@ def run(ctx: "CreateContext", chan: "Channel", reentered: bool = False) -> None:
                 raise OSError(e.errno, f"join {kind} namespace {ns.path if ns else ''}: {e.strerror}") from None
             finally:
                 os.close(fd)
+        user = cfg.ns("user")
+        if user is not None and user.path:
+            # root of the joined namespace (as runc): our host ids are not mapped there, and what we create in
+            # the container's filesystems would fail (EOVERFLOW) or belong to nobody
+            os.setresgid(0, 0, 0)
+            os.setresuid(0, 0, 0)
         if userns_new:
             sc.unshare(sc.CLONE_NEWUSER)
             # the parent writes our /proc/<pid>/{uid,gid}_map and setgroups: a non-dumpable process's proc files
@@ -87,6 +100,7 @@ def run(ctx: "CreateContext", chan: "Channel", reentered: bool = False) -> None:
                 sc.unshare(flags)
             except OSError as e:
                 raise OSError(e.errno, f"unshare namespaces {flags:#x}: {e.strerror}") from None
+        stages.since(ctx.stages, "namespaces", t_ns)
         wait_for("go")  # the init must be forked inside the container's cgroup
         if cfg.new_ns("cgroup"):
             sc.unshare(sc.CLONE_NEWCGROUP)
@@ -97,15 +111,50 @@ def run(ctx: "CreateContext", chan: "Channel", reentered: bool = False) -> None:
                 f.write(lines)
         pid = os.fork()
         if pid == 0:
+            ctx.stages = []
             init.run(ctx, chan)  # never returns
-        chan.send("pid", str(pid))
+        chan.send("pid", f"{pid} {stages.encode(ctx.stages)}")
         os._exit(0)
     except BaseException as e:  # report anything, then exit: this process must never return to the caller
         try:
+            if ctx.stages:
+                chan.send("stages", stages.encode(ctx.stages))   # what ran before the failure
             chan.send("error", describe(e))
         finally:
             os._exit(1)
 
+
+
+def _before_userns(proc: dict) -> None:
+    """What needs the host's privileges is set before entering the user namespace, as runc does (the init inherits
+    it): lowering oom_score_adj and raising hard rlimits need CAP_SYS_RESOURCE in the host's namespace, and the
+    init, in the container's, cannot even open its own /proc files for writing."""
+    from runtime.process import set_oom_score_adj, set_rlimits
+    if proc.get("oomScoreAdj") is not None:
+        set_oom_score_adj(proc["oomScoreAdj"])
+    if proc.get("rlimits"):
+        set_rlimits(proc["rlimits"])
+
+
+# Joined before the user namespace when we may: a namespace owned by an ancestor of the joined user namespace (a
+# pod's network namespace, made by husk-cri in the host's) is out of reach once we are in it, as runc 1.2 does.
+EARLY_JOIN = ("ipc", "uts", "network", "pid", "time")
+
+
+def join_before_userns(fds: list[tuple[str, int]]) -> list[tuple[str, int]]:
+    """Joins what it can of EARLY_JOIN now (closing those fds); returns the rest, the user namespace first."""
+    rest = []
+    for kind, fd in fds:
+        if kind in EARLY_JOIN:
+            try:
+                sc.setns(fd, sc.NAMESPACES[kind][0])
+            except OSError:
+                rest.append((kind, fd))  # only reachable from inside the user namespace: joined after it
+                continue
+            os.close(fd)
+        else:
+            rest.append((kind, fd))
+    return rest
 
 
 def resume(payload: dict) -> None:
@@ -114,7 +163,7 @@ def resume(payload: dict) -> None:
     from runtime.sync import Channel
     ctx = CreateContext.from_payload(payload["ctx"])
     chan = Channel(*payload["chan"])
-    for fd in (chan.rfd, chan.wfd, ctx.fifo_fd, ctx.console_fd, ctx.listener_fd):
+    for fd in (chan.rfd, chan.wfd, ctx.fifo_fd, ctx.console_fd, ctx.listener_fd, ctx.idmap_fd):
         if fd >= 0:
             os.set_inheritable(fd, False)
     run(ctx, chan, reentered=True)

@@ -183,6 +183,7 @@ def check(raw: Any, bundle: str, *, require_rootfs: bool = True) -> Config:
     _check_process(raw.get("process"), "process", create=True)
     _check_linux(cfg)
     _check_mounts(raw.get("mounts") or [])
+    _check_idmap(cfg)
     _check_hooks(raw.get("hooks") or {})
     return cfg
 
@@ -377,16 +378,33 @@ def _check_mounts(mounts: list[dict[str, Any]]) -> None:
             raise ConfigError(f"mounts[{i}].destination", f"{dest!r} is not an absolute path")
         if ".." in dest.split("/"):
             raise ConfigError(f"mounts[{i}].destination", f"{dest!r} must not contain '..'")
-        if m.get("uidMappings") or m.get("gidMappings"):
-            raise ConfigError(f"mounts[{i}]", "idmapped mounts are not supported by husk")
-        for j, opt in enumerate(m.get("options") or []):
-            if opt in ("idmap", "ridmap"):
-                raise ConfigError(f"mounts[{i}].options[{j}]", "idmapped mounts are not supported by husk")
         mtype = m.get("type")
         opts = m.get("options") or []
         is_bind = mtype == "bind" or "bind" in opts or "rbind" in opts
         if is_bind and not m.get("source"):
             raise ConfigError(f"mounts[{i}].source", "a bind mount needs a source")
+
+
+def _check_idmap(cfg: Config) -> None:
+    """Idmapped mounts (runtime/idmap.py): bind mounts only; both mappings or none (then the container's)."""
+    from runtime import idmap
+    has_userns = cfg.ns("user") is not None
+    for i, m in enumerate(cfg.raw.get("mounts") or []):
+        kind = idmap.mount_idmap(m)
+        if kind is None:
+            continue
+        opts = m.get("options") or []
+        if not (m.get("type") == "bind" or "bind" in opts or "rbind" in opts):
+            raise ConfigError(f"mounts[{i}]", f"{kind}: only a bind mount can be idmapped")
+        if bool(m.get("uidMappings")) != bool(m.get("gidMappings")):
+            raise ConfigError(f"mounts[{i}]", "an idmapped mount needs both uidMappings and gidMappings")
+        if not m.get("uidMappings") and not has_userns:
+            raise ConfigError(f"mounts[{i}]", f"{kind} without uidMappings/gidMappings takes the container's user "
+                                              f"namespace mappings, but linux.namespaces has no user namespace")
+    if idmap.rootfs_wanted(cfg.raw) and not has_userns:
+        raise ConfigError(f"annotations.{idmap.ROOTFS_ANNOTATION}",
+                          "an idmapped rootfs takes the container's user namespace mappings, but linux.namespaces "
+                          "has no user namespace")
 
 
 def _check_hooks(hooks: dict[str, list[dict[str, Any]]]) -> None:

@@ -1,8 +1,9 @@
 """`husk exec`: runs an extra process inside a running container (every namespace and the cgroup joined).
 
 The runtime process forks an intermediate child that becomes non-dumpable, joins the namespaces (user
-first, mount last) and forks the process, so it is inside the pid namespace. Errors before execve come
-back over the sync pipe; the pipe closing on execve means success.
+first, mount last), does every privileged step and takes the process's credentials, then forks the process,
+so it is inside the pid namespace (the intermediate itself never is: see _intermediate). Errors before execve
+come back over the sync pipe; the pipe closing on execve means success.
 """
 from __future__ import annotations
 
@@ -171,7 +172,13 @@ def _open_namespaces(rec: st.Record) -> dict[str, int]:
 
 def _intermediate(rec: st.Record, process: dict[str, Any], ns_fds: dict[str, int], chan: Channel,
                   console_fd: int, preserve_fds: int, listener_fd: int = -1, reentered: bool = False) -> None:
-    """Never returns. Joins the namespaces, forks the process, reports its pid and exits."""
+    """Never returns. Joins the namespaces, does every privileged step, takes the process's credentials, forks
+    the process, reports its pid and exits.
+
+    setns(pid) makes only our children members of the container's pid namespace: we stay invisible from inside
+    (no /proc entry, nothing to ptrace, even for a container given CAP_SYS_PTRACE) while we hold the host's
+    capabilities and fds. The process we fork is visible; it already has the container's credentials and only
+    takes its session and terminal, loads seccomp and execs (_process)."""
     try:
         sc.set_dumpable(False)  # CVE-2019-5736 class: the container must not reach /proc/<us>/exe
         from runtime import exeguard
@@ -184,9 +191,20 @@ def _intermediate(rec: st.Record, process: dict[str, Any], ns_fds: dict[str, int
                                       "preserve_fds": preserve_fds, "listener_fd": listener_fd},
                              [chan.rfd, chan.wfd, console_fd, listener_fd, *ns_fds.values()])
         from runtime.init import preload
+        from runtime import process as pr
         seccomp = preload({"process": process, "linux": rec.config.get("linux") or {}})
         chan.expect("go")
+        if process.get("oomScoreAdj") is not None:
+            pr.set_oom_score_adj(process["oomScoreAdj"])  # as runc's nsexec: from the host, before any setns
+        if "user" in ns_fds:  # a pod's network namespace is out of reach from inside its user namespace
+            from runtime.child import join_before_userns
+            ns_fds = dict(join_before_userns(list(ns_fds.items())))
+        denied = False
         for kind in JOIN_ORDER:
+            if kind == "mount":
+                # in the container's mount namespace /proc is the procfs of a pid namespace we are no member of:
+                # /proc/self names nothing there. Read now what needs it.
+                denied = pr.setgroups_denied()
             fd = ns_fds.get(kind)
             if fd is None:
                 continue
@@ -199,6 +217,8 @@ def _intermediate(rec: st.Record, process: dict[str, Any], ns_fds: dict[str, int
             os.setresuid(0, 0, 0)
         # the process learns its own pid in our (the host's) pid namespace from us: a seccomp agent needs it
         pid_r, pid_w = os.pipe() if listener_fd >= 0 else (-1, -1)
+        slave, env, exe, final_caps = _prepare(rec, process, chan, console_fd, preserve_fds, seccomp, denied,
+                                               keep=(pid_r, pid_w, listener_fd))
         pid = os.fork()
         if pid == 0:
             handoff = None
@@ -210,7 +230,7 @@ def _intermediate(rec: st.Record, process: dict[str, Any], ns_fds: dict[str, int
                 state = {"ociVersion": st.OCI_VERSION, "id": rec.id, "status": "running", "pid": rec.pid,
                          "bundle": rec.bundle, "annotations": rec.annotations}
                 handoff = Handoff(listener_fd, state, own, seccomp.listener_metadata)  # type: ignore[union-attr]
-            _process(rec, process, chan, console_fd, preserve_fds, seccomp, handoff)
+            _process(process, chan, slave, preserve_fds, seccomp, handoff, exe, env, final_caps)
         if pid_w >= 0:
             os.close(pid_r)
             os.write(pid_w, str(pid).encode())
@@ -224,45 +244,113 @@ def _intermediate(rec: st.Record, process: dict[str, Any], ns_fds: dict[str, int
             os._exit(1)
 
 
-def _process(rec: st.Record, process: dict[str, Any], chan: Channel, console_fd: int, preserve_fds: int,
-             seccomp: Any, handoff: Any = None) -> None:
-    try:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, signal.SIG_DFL)
-        # A session (and process group) of its own, as runc gives every exec'd process: signals meant
-        # for it and its children (a timed-out ExecSync kills the group) reach nothing else.
-        os.setsid()
-        if not rec.no_new_keyring:
-            # the container's session keyring, not the caller's (runc's setns init)
-            try:
-                sc.join_session_keyring(f"_ses.{rec.id}")
-            except OSError as e:
-                if e.errno not in (1, 13, 38):  # EPERM/EACCES/ENOSYS: keyrings unavailable, as at create
-                    raise
-        if process.get("terminal"):
-            from runtime import console
-            master, slave, _path = console.open_pty()
+def _prepare(rec: st.Record, process: dict[str, Any], chan: Channel, console_fd: int, preserve_fds: int,
+             seccomp: Any, denied: bool, keep: tuple[int, ...]) -> tuple[int, dict[str, str], str, Any]:
+    """In the intermediate, inside every namespace but the pid namespace: keyring, console, fds, cwd, rlimits and
+    scheduling, then the process's user, capabilities, no_new_privs and umask (all inherited by fork). Returns the
+    pty slave (or -1), the environment, the executable and, when seccomp must still be loaded without
+    no_new_privs by a process whose capabilities lack CAP_SYS_ADMIN, the final (eff, perm, inh) masks that the
+    process sets once the filter is loaded (else None)."""
+    from runtime import capabilities, process as pr
+    from runtime.config import CAP_NUMBER, known_cap_mask
+    if not rec.no_new_keyring:
+        # the container's session keyring, not the caller's (runc's setns init)
+        try:
+            sc.join_session_keyring(f"_ses.{rec.id}")
+        except OSError as e:
+            if e.errno not in (1, 13, 38):  # EPERM/EACCES/ENOSYS: keyrings unavailable, as at create
+                raise
+    slave = -1
+    if process.get("terminal"):
+        from runtime import console
+        master, slave, _path = console.open_pty()
+        try:
             size = process.get("consoleSize")
             if size:
                 console.set_size(master, size["height"], size["width"])
             console.send_master(console_fd, master)
+        finally:
             os.close(master)
+    if console_fd >= 0:
+        os.close(console_fd)
+    # nothing of the runtime's or its caller's beyond stdio and --preserve-fds may stay open in here:
+    # not even long enough to be named as a cwd through /proc/self/fd (CVE-2024-21626 class)
+    pr.close_fds(3 + preserve_fds, keep=(chan.wfd, slave, *keep))
+    chan.rfd = -1
+    env = pr.build_env(process)
+    cwd = process.get("cwd") or "/"
+    pr.enter_cwd(cwd)
+    arg0 = process["args"][0]
+    if arg0.startswith(("/proc/self/", "/proc/thread-self/")):
+        exe = arg0  # names the process itself: only the forked one, in the pid namespace, resolves it (execve)
+    else:
+        exe = pr.find_executable(arg0, env, cwd)
+    if process.get("rlimits"):
+        pr.set_rlimits(process["rlimits"])
+    pr.apply_scheduling(process)
+    caps = process.get("capabilities") or {}
+    user = process.get("user") or {}
+    nnp = bool(process.get("noNewPrivileges"))
+    admin = 1 << CAP_NUMBER["CAP_SYS_ADMIN"]
+    final = None
+    capabilities.drop_bounding(caps)
+    pr.switch_user(user, denied)
+    if seccomp is not None and not nnp and not known_cap_mask(caps.get("effective") or []) & admin:
+        # the kernel demands CAP_SYS_ADMIN to load a filter without no_new_privs: the process keeps that one
+        # (effective and permitted only: not in the bounding set, so not past execve) until the filter is loaded
+        final = (known_cap_mask(caps.get("effective") or []), known_cap_mask(caps.get("permitted") or []),
+                 known_cap_mask(caps.get("inheritable") or []))
+        capabilities.apply({**caps, "effective": [*(caps.get("effective") or []), "CAP_SYS_ADMIN"],
+                            "permitted": [*(caps.get("permitted") or []), "CAP_SYS_ADMIN"]})
+    else:
+        capabilities.apply(caps)
+    if nnp:
+        sc.set_no_new_privs()
+    os.umask(user.get("umask", 0o022) if user.get("umask") is not None else 0o022)
+    return slave, env, exe, final
+
+
+def _process(process: dict[str, Any], chan: Channel, slave: int, preserve_fds: int, seccomp: Any, handoff: Any,
+             exe: str, env: dict[str, str], final_caps: Any) -> None:
+    """The visible stage: a session of its own, the terminal, seccomp (last) and execve. Holds nothing more than
+    the process will (but CAP_SYS_ADMIN until the filter is loaded, see _prepare)."""
+    try:
+        # A session (and process group) of its own, as runc gives every exec'd process: signals meant
+        # for it and its children (a timed-out ExecSync kills the group) reach nothing else.
+        os.setsid()
+        if slave >= 0:
+            from runtime import console
             console.make_controlling(slave)
             os.close(slave)
-        if console_fd >= 0:
-            os.close(console_fd)
-        if process.get("oomScoreAdj") is not None:
-            from runtime.process import set_oom_score_adj
-            set_oom_score_adj(process["oomScoreAdj"])
-        from runtime.process import build_env, close_fds, enter_cwd, exec_process, find_executable
-        # nothing of the runtime's or its caller's beyond stdio and --preserve-fds may stay open in here:
-        # not even long enough to be named as a cwd through /proc/self/fd (CVE-2024-21626 class)
-        close_fds(3 + preserve_fds, keep=(chan.wfd, handoff.sock.fileno() if handoff is not None else -1))
-        env = build_env(process)
-        enter_cwd(process.get("cwd") or "/")
-        exe = find_executable(process["args"][0], env, process.get("cwd") or "/")
-        exec_process(process, exe, env, seccomp=seccomp, preserve_fds=preserve_fds,
-                     on_listener=handoff.send if handoff is not None else None)
+        first = 3 + preserve_fds
+        sc.close_range(first, 0xFFFFFFFF, sc.CLOSE_RANGE_CLOEXEC)
+        # stdio and the preserved fds must survive execve even if the caller opened them close-on-exec
+        for fd in range(first):
+            try:
+                os.set_inheritable(fd, True)
+            except OSError:
+                pass
+        # Python ignores SIGPIPE and SIGXFSZ; ignored signals survive execve, so give the program the defaults
+        for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])
+        on_listener = handoff.send if handoff is not None else None
+        nnp = bool(process.get("noNewPrivileges"))
+        if seccomp is not None and not nnp:
+            from runtime import seccomp as seccomp_mod
+            seccomp_mod.install(seccomp, False, on_listener=on_listener)
+            if final_caps is not None:
+                sc.capset(*final_caps)
+        if process.get("apparmorProfile"):
+            from runtime.process import set_apparmor
+            set_apparmor(process["apparmorProfile"])
+        if seccomp is not None and nnp:
+            from runtime import seccomp as seccomp_mod
+            seccomp_mod.install(seccomp, True, on_listener=on_listener)
+        try:
+            os.execve(exe, process["args"], env)
+        except OSError as e:
+            raise SetupError(f'exec {process["args"][0]!r}: {e.strerror}') from None
     except BaseException as e:
         try:
             chan.send("error", describe(e))

@@ -1,8 +1,8 @@
-"""Stage 3 of create: the container init. Builds the rootfs, blocks on the exec fifo, then execs the process.
+"""Stage 3 of create: the container init. Builds the rootfs, blocks on the start socket, then execs the process.
 
 May: mount inside its own mount namespace, pivot_root, set hostname/sysctls, allocate the console, run the
 createContainer/startContainer hooks, drop privileges and execve. Must not: touch cgroups or the state dir
-(other than the exec fifo it was handed), or return to the caller (it always execs or exits).
+(other than the start socket it was handed), or return to the caller (it always execs or exits).
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import os
 import _signal as signal  # the C module: `signal` builds enums on import (~2 ms)
 TYPE_CHECKING = False  # `typing` costs ~4 ms (it imports re): annotations only
 
-from runtime import rootfs as rfs
+from runtime import rootfs as rfs, stages
 from runtime.errors import SetupError, describe
 from runtime.linux import syscalls as sc
 
@@ -39,12 +39,20 @@ def run(ctx: "CreateContext", chan: "Channel") -> None:
         # directory fd is a way out through /proc/1/fd or a cwd of /proc/self/fd/N): keep stdio, the preserved
         # fds and our own channels only
         from runtime.process import close_fds
-        close_fds(3 + ctx.preserve_fds, keep=(chan.rfd, chan.wfd, ctx.fifo_fd, ctx.console_fd, ctx.listener_fd))
-        fifo_path = _setup(ctx, chan)
-        chan.send("ready")
+        close_fds(3 + ctx.preserve_fds, keep=(chan.rfd, chan.wfd, ctx.fifo_fd, ctx.console_fd, ctx.listener_fd,
+                                                       ctx.idmap_fd))
+        _setup(ctx, chan)
+        # runc's order: the process's user and capabilities (and a filter loaded without noNewPrivileges) are
+        # taken before "ready" and the wait, so that whoever reaches the waiting init (a container given
+        # CAP_SYS_PTRACE can ptrace it) finds only the container's credentials in it
+        _take_credentials(ctx)
+        chan.send("ready", stages.encode(ctx.stages))
         chan.close()
-        # blocks until `start` opens the fifo for reading; the fd closes on execve, which `start` sees as EOF
-        fifo_w = os.open(fifo_path, os.O_WRONLY | os.O_CLOEXEC)
+        # blocks until `start` connects to the start socket (runtime/sync.py); the connection closes on execve,
+        # which `start` sees as EOF
+        from runtime.sync import start_accept
+        listen_fd, ctx.fifo_fd = ctx.fifo_fd, -1
+        fifo_w = start_accept(listen_fd)
         os.write(fifo_w, b"0")
         _start(ctx, fifo_w)
     except BaseException as e:
@@ -53,6 +61,8 @@ def run(ctx: "CreateContext", chan: "Channel") -> None:
             if fifo_w >= 0:
                 os.write(fifo_w, msg.encode())
             elif chan.wfd >= 0:
+                if ctx.stages:
+                    chan.send("stages", stages.encode(ctx.stages))   # what ran before the failure
                 chan.send("error", msg)
             else:
                 os.write(2, f"husk init: {msg}\n".encode())
@@ -61,11 +71,12 @@ def run(ctx: "CreateContext", chan: "Channel") -> None:
     os._exit(1)
 
 
-def preload(cfg_raw: dict) -> "object | None":
+def preload(cfg_raw: dict, timings: "list | None" = None) -> "object | None":
     """Imports every module the later stages need. Called before entering a user namespace (whose root may not
     read the interpreter's files) and before pivot_root/setns(mnt) (after which they are out of reach).
     Returns the seccomp program prepared from the host's cache and libseccomp (None without a profile):
-    neither is reachable from inside the container."""
+    neither is reachable from inside the container. `timings` gets the "seccomp" stage (runtime/stages.py)."""
+    import _socket  # noqa: F401 - the start socket (runtime/sync.py), accepted after pivot_root
     import resource  # noqa: F401
     import select  # noqa: F401
     import stat  # noqa: F401
@@ -75,10 +86,16 @@ def preload(cfg_raw: dict) -> "object | None":
         from runtime import network  # noqa: F401
     if (cfg_raw.get("process") or {}).get("terminal"):
         from runtime import console  # noqa: F401
+    from runtime import idmap
+    if idmap.wanted(cfg_raw):
+        import socket  # noqa: F401 - idmap.receive, which runs inside the user namespace
     profile = (cfg_raw.get("linux") or {}).get("seccomp")
     if profile:
+        t = stages.now()
         from runtime import seccomp
         compiled = seccomp.prepare(profile)
+        if timings is not None:
+            stages.since(timings, "seccomp", t)
         if compiled.needs_listener:
             from runtime import seccomp_notify  # noqa: F401 - json and socket, out of reach after pivot_root
         return compiled
@@ -93,18 +110,25 @@ def _exit_on_signal(sig: int, _frame: object) -> None:
     os._exit(128 + sig)
 
 
-def _setup(ctx: "CreateContext", chan: "Channel") -> str:
-    """Everything before the exec fifo; returns the path to open it through (/proc/self/fd/N)."""
+def _setup(ctx: "CreateContext", chan: "Channel") -> None:
+    """Everything before the wait on the start socket."""
     cfg = ctx.cfg
     if ctx.seccomp is None:
-        ctx.seccomp = preload(cfg.raw)
+        ctx.seccomp = preload(cfg.raw, ctx.stages)
     linux = cfg.linux
     proc = cfg.process
     if cfg.new_ns("network"):
         from runtime.network import loopback_up
         loopback_up()
+    t = stages.now()
+    idmapped: dict[str, int] = {}
+    if ctx.idmap_fd >= 0:  # made by the runtime in the host's user namespace (runtime/idmap.py)
+        from runtime import idmap
+        idmapped = idmap.receive(ctx.idmap_fd)
+        ctx.idmap_fd = -1
     fs = rfs.RootFs(cfg.rootfs, cfg.bundle, userns=cfg.ns("user") is not None, cgroup_path=ctx.cgroup_path,
-                    cgroupns=cfg.new_ns("cgroup"), netns_new=cfg.new_ns("network"), ipcns_new=cfg.new_ns("ipc"))
+                    cgroupns=cfg.new_ns("cgroup"), netns_new=cfg.new_ns("network"), ipcns_new=cfg.new_ns("ipc"),
+                    idmapped=idmapped)
     mounts = cfg.raw.get("mounts") or []
     fs.prepare_root(linux.get("rootfsPropagation"))
     fs.mount_all(mounts)
@@ -114,6 +138,7 @@ def _setup(ctx: "CreateContext", chan: "Channel") -> str:
     fs.create_devices(linux.get("devices") or [], dev_is_tmpfs=not dev_bind)
     fs.setup_ptmx()
     fs.make_cwd(proc.get("cwd") or "/")
+    stages.since(ctx.stages, "rootfs", t)
     if proc.get("apparmorProfile") and not os.path.isdir("/sys/kernel/security/apparmor"):
         raise SetupError(f"process.apparmorProfile {proc['apparmorProfile']!r} is set but AppArmor is not enabled "
                          f"on this host")
@@ -122,16 +147,18 @@ def _setup(ctx: "CreateContext", chan: "Channel") -> str:
         chan.send("hooks")
         chan.expect("hooksdone")
     if hooks.get("createContainer"):
+        t = stages.now()
         from runtime import hooks as hk
         hk.run("createContainer", hooks["createContainer"], ctx.hook_state(_host_pid(), "created"),
                container_id=ctx.container_id)
-    fifo_fd = ctx.fifo_fd
+        stages.since(ctx.stages, "hooks_container", t)
     ctx.host_pid = _host_pid()
     if ctx.listener_fd >= 0:
         # runc's record for the init: its pid, the state "creating"
         from runtime.seccomp_notify import Handoff
         ctx.handoff = Handoff(ctx.listener_fd, ctx.state(ctx.host_pid, "creating"), ctx.host_pid,
                               ctx.seccomp.listener_metadata)  # type: ignore[union-attr]
+    t = stages.now()
     fs.pivot(ctx.no_pivot)
     if cfg.raw.get("hostname"):
         sc.sethostname(cfg.raw["hostname"])
@@ -147,11 +174,12 @@ def _setup(ctx: "CreateContext", chan: "Channel") -> str:
         rfs.readonly_root()
     if linux.get("rootfsPropagation"):
         rfs.set_root_propagation(linux["rootfsPropagation"])
+    stages.since(ctx.stages, "pivot_root", t)
     if proc.get("terminal"):
         _console(ctx, fs, proc)
     elif ctx.console_fd >= 0:
         os.close(ctx.console_fd)
-    if proc.get("oomScoreAdj") is not None:
+    if proc.get("oomScoreAdj") is not None and cfg.ns("user") is None:  # else set before it (child.py)
         from runtime.process import set_oom_score_adj
         set_oom_score_adj(proc["oomScoreAdj"])
     if proc.get("rlimits"):
@@ -174,7 +202,6 @@ def _setup(ctx: "CreateContext", chan: "Channel") -> str:
     from runtime.process import build_env, find_executable
     ctx.env = build_env(proc, ctx.extra_env)
     ctx.exe = find_executable(proc["args"][0], ctx.env, proc.get("cwd") or "/")
-    return f"/proc/self/fd/{fifo_fd}"
 
 
 def _start(ctx: "CreateContext", fifo_w: int) -> None:
@@ -183,11 +210,18 @@ def _start(ctx: "CreateContext", fifo_w: int) -> None:
         from runtime import hooks as hk
         hk.run("startContainer", cfg.hooks["startContainer"], ctx.hook_state(ctx.host_pid, "created"),
                container_id=ctx.container_id)
-    from runtime.process import exec_process
+    from runtime.process import exec_program
     handoff = ctx.handoff
-    exec_process(cfg.process, ctx.exe, ctx.env, seccomp=ctx.seccomp, preserve_fds=ctx.preserve_fds,
-                 rlimits_set=True, personality=cfg.linux.get("personality"),
+    exec_program(cfg.process, ctx.exe, ctx.env, seccomp=ctx.seccomp,
                  on_listener=handoff.send if handoff is not None else None)
+
+
+def _take_credentials(ctx: "CreateContext") -> None:
+    from runtime.process import take_credentials
+    handoff = ctx.handoff
+    take_credentials(ctx.cfg.process, seccomp=ctx.seccomp, preserve_fds=ctx.preserve_fds, rlimits_set=True,
+                     personality=ctx.cfg.linux.get("personality"),
+                     on_listener=handoff.send if handoff is not None else None)
 
 
 def _console(ctx: "CreateContext", fs: rfs.RootFs, proc: dict) -> None:

@@ -40,17 +40,18 @@ def create(root: str, container_id: str, bundle: str, *, console_socket: str | N
 
 
 def start(root: str, container_id: str) -> None:
-    """Releases the init blocked on the exec fifo; returns once the user process has been exec'd."""
+    """Releases the init blocked on the start socket (runtime/sync.py); returns once the user process has been
+    exec'd."""
     with st.Lock(st.container_dir(root, container_id)):
         rec = st.load(root, container_id)
         status = st.status(root, rec)
         if status != "created":
             raise InvalidState(f"cannot start container {container_id!r}: it is {status}, "
                                f"only a created container can be started")
-        fifo = os.path.join(root, container_id, st.FIFO)
-        msg = _release(fifo, rec)
+        sock = os.path.join(root, container_id, st.FIFO)
+        msg = _release(sock, rec)
         try:
-            os.unlink(fifo)
+            os.unlink(sock)
         except FileNotFoundError:
             pass
         if msg is not None:
@@ -67,12 +68,13 @@ def start(root: str, container_id: str) -> None:
                 raise
 
 
-def _release(fifo: str, rec: st.Record) -> str | None:
-    """Opens the fifo for reading (unblocking the init) and reads until the init execs (EOF).
+def _release(sock: str, rec: st.Record) -> str | None:
+    """Connects to the start socket (unblocking the init) and reads until the init execs (EOF).
     Returns None on success, else the init's error message."""
     import select
-    # The pidfd first: until the fifo is opened the init is blocked, so it cannot have exited and been
-    # reaped yet. (Opened after the fifo, a short-lived program could run, exit and be reaped by the
+    from runtime.sync import start_connect
+    # The pidfd first: until we connect the init is blocked, so it cannot have exited and been
+    # reaped yet. (Opened after connecting, a short-lived program could run, exit and be reaped by the
     # subreaper before pidfd_open, and a successful start would be reported as "init is gone".)
     try:
         pidfd = os.pidfd_open(rec.pid)  # os's, not ctypes': `start` then needs no ctypes import
@@ -82,10 +84,14 @@ def _release(fifo: str, rec: st.Record) -> str | None:
         os.close(pidfd)
         return "the container init is gone"
     try:
-        fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = start_connect(sock)
+    except (ConnectionRefusedError, FileNotFoundError):
+        os.close(pidfd)
+        return "the container init is gone"
     except BaseException:
         os.close(pidfd)
         raise
+    os.set_blocking(fd, False)
     try:
         try:
             data = b""
@@ -97,6 +103,8 @@ def _release(fifo: str, rec: st.Record) -> str | None:
                         chunk = os.read(fd, 65536)
                     except BlockingIOError:
                         chunk = None
+                    except ConnectionResetError:
+                        chunk = b""  # the init died with our connection still queued on its socket
                     if chunk == b"":
                         break
                     if chunk:

@@ -2,7 +2,8 @@
 prestart/createRuntime hooks; forks the intermediate child (child.py), which forks the init (init.py).
 
 Sync protocol (runtime/sync.py), child -> parent: "maps" (write my uid/gid maps), "pid N" (the init's pid),
-"hooks" (run prestart+createRuntime now), "ready" (init is about to block on the exec fifo), "error MSG".
+"hooks" (run prestart+createRuntime now), "ready" (init is about to block on the start socket), "error MSG".
+"pid" and "ready" carry the sender's stage timings after the value, and "stages T" precedes an "error" (stages.py).
 Parent -> child: "go" (you are in the cgroup), "mapped", "hooksdone", "error MSG".
 Everything created is registered in an ExitStack at once, so a failure part-way leaves nothing behind.
 """
@@ -14,11 +15,11 @@ TYPE_CHECKING = False  # `typing` costs ~4 ms (it imports re): annotations only
 if TYPE_CHECKING:
     from typing import Any
 
-from runtime import logutil, state as st
+from runtime import logutil, stages, state as st
 from runtime.config import Config
 from runtime.errors import SetupError, describe
 from runtime.linux import syscalls as sc
-from runtime.sync import Channel, pair
+from runtime.sync import Channel, pair, start_listener
 
 class CreateContext:
     """What the forked stages need; they inherit it through fork, nothing is serialised.
@@ -44,6 +45,9 @@ class CreateContext:
         self.seccomp: object | None = None   # runtime.seccomp.CompiledFilter, prepared before pivot_root
         self.listener_fd = -1                # connected to linux.seccomp.listenerPath (SCMP_ACT_NOTIFY)
         self.handoff: Any = None             # runtime.seccomp_notify.Handoff over listener_fd, in the init
+        self.idmap_fd = -1                   # the init's end of the socket the idmapped mounts come on
+        self.idmap_parent_fd = -1            # the runtime's end (runtime/idmap.py)
+        self.stages: list = []               # (name, start ns, duration ns) of this process's stages (stages.py)
 
     def to_payload(self) -> dict[str, Any]:
         """Plain values for the protected re-exec of the intermediate child (runtime.exeguard), which has not
@@ -53,7 +57,7 @@ class CreateContext:
                 "state_dir": self.state_dir, "fifo_path": self.fifo_path, "cgroup_path": self.cgroup_path,
                 "fifo_fd": self.fifo_fd, "console_fd": self.console_fd, "no_pivot": self.no_pivot,
                 "no_new_keyring": self.no_new_keyring, "preserve_fds": self.preserve_fds,
-                "extra_env": self.extra_env, "listener_fd": self.listener_fd}
+                "extra_env": self.extra_env, "listener_fd": self.listener_fd, "idmap_fd": self.idmap_fd}
 
     @classmethod
     def from_payload(cls, p: dict[str, Any]) -> "CreateContext":
@@ -65,6 +69,7 @@ class CreateContext:
                   no_pivot=p["no_pivot"], no_new_keyring=p["no_new_keyring"], preserve_fds=p["preserve_fds"],
                   extra_env=p["extra_env"])
         ctx.listener_fd = p["listener_fd"]
+        ctx.idmap_fd = p.get("idmap_fd", -1)
         return ctx
 
     def state(self, pid: int, status: str) -> dict[str, Any]:
@@ -110,21 +115,33 @@ def create(root: str, container_id: str, cfg: Config, *, console_socket: str | N
         # socket activation: keep the activated fds right after stdio, as runc does
         preserve_fds += listen
         extra_env = {"LISTEN_FDS": str(listen), "LISTEN_PID": "1"}
+    timings: list = []   # every stage's timing, written to <bundle>/.husk-stages if the caller asked (stages.py)
+    try:
+        return _create(root, container_id, cfg, console_socket=console_socket, pid_file=pid_file,
+                       no_pivot=no_pivot, no_new_keyring=no_new_keyring, preserve_fds=preserve_fds, unit=unit,
+                       cgroup_path=cgroup_path, extra_env=extra_env, timings=timings)
+    finally:
+        if timings:
+            stages.write(cfg.bundle, timings)
+
+
+def _create(root: str, container_id: str, cfg: Config, *, console_socket: str | None, pid_file: str | None,
+            no_pivot: bool, no_new_keyring: bool, preserve_fds: int, unit: Any, cgroup_path: str,
+            extra_env: dict[str, str], timings: list) -> int:
+    from runtime import cgroups
     with Undo() as undo:
         state_dir, lock = st.create_dir(root, container_id)
         undo.callback(_rmtree, state_dir)
         undo.callback(lock.release)
         fifo = os.path.join(state_dir, st.FIFO)
-        old = os.umask(0)
-        try:
-            os.mkfifo(fifo, 0o622)
-        finally:
-            os.umask(old)
-        # opened here and inherited: the init may run as a uid that cannot reach the state dir (user ns)
-        fifo_fd = os.open(fifo, os.O_PATH | os.O_CLOEXEC)
+        # the start socket, listening here and inherited by the init, which accepts `start`'s connection (the
+        # init may run as a uid that cannot reach the state dir); not a fifo: see runtime/sync.py
+        fifo_fd = start_listener(fifo)
         undo.callback(_close, fifo_fd)
         mgr: Any = None
+        t = stages.now()
         if unit is not None:
+            from runtime.cgroups import systemd
             # the scope is started by apply(pid) below (systemd places the pid); until then set() only checks
             mgr = systemd.SystemdManager(unit, container_id, new=True)
             undo.callback(mgr.close)
@@ -141,6 +158,8 @@ def create(root: str, container_id: str, cfg: Config, *, console_socket: str | N
             # as runc: an unprivileged runtime that is asked for no resource limits runs the container in its
             # caller's cgroup rather than failing on cgroup directories it may not create
             logutil.debug("rootless: no cgroup for container %s", container_id, container_id=container_id)
+        if mgr is not None:
+            stages.since(timings, "cgroups", t)
         console_fd = -1
         if console_socket and cfg.process.get("terminal"):
             from runtime import console
@@ -149,6 +168,7 @@ def create(root: str, container_id: str, cfg: Config, *, console_socket: str | N
         ctx = CreateContext(cfg=cfg, container_id=container_id, state_dir=state_dir, fifo_path=fifo,
                             cgroup_path=cgroup_path, fifo_fd=fifo_fd, console_fd=console_fd, no_pivot=no_pivot,
                             no_new_keyring=no_new_keyring, preserve_fds=preserve_fds, extra_env=extra_env)
+        ctx.stages = timings
         listener = notify_listener(cfg.linux.get("seccomp"))
         if listener:
             # connected now, while listenerPath is reachable; the init sends on it once its filter is loaded
@@ -157,16 +177,26 @@ def create(root: str, container_id: str, cfg: Config, *, console_socket: str | N
             undo.callback(_close, ctx.listener_fd)
         parent_chan, child_chan = pair()
         undo.callback(parent_chan.close)
+        from runtime import idmap
+        if idmap.wanted(cfg.raw):
+            ctx.idmap_parent_fd, ctx.idmap_fd = idmap.socketpair()
+            undo.callback(_close, ctx.idmap_parent_fd)
+            undo.callback(_close, ctx.idmap_fd)
         # the init becomes our child when the intermediate exits, so a failed create can kill and reap it;
         # once we exit it moves on to the next subreaper up (the shim) or to pid 1
         sc.set_child_subreaper(True)
         pid1 = os.fork()
         if pid1 == 0:
             parent_chan.close()
+            if ctx.idmap_parent_fd >= 0:
+                os.close(ctx.idmap_parent_fd)
             lock.release()  # a forked copy of the lock fd would keep the state dir locked for the container's life
             from runtime import child
             child.run(ctx, child_chan)  # never returns
         child_chan.close()
+        if ctx.idmap_fd >= 0:
+            os.close(ctx.idmap_fd)
+            ctx.idmap_fd = -1
         procs = _Procs(pid1, mgr)
         undo.callback(procs.kill_all)
         init_pid = _drive(ctx, mgr, parent_chan, pid1, procs)
@@ -183,6 +213,8 @@ def create(root: str, container_id: str, cfg: Config, *, console_socket: str | N
         if ctx.listener_fd >= 0:
             os.close(ctx.listener_fd)
         os.close(fifo_fd)
+        if ctx.idmap_parent_fd >= 0:
+            os.close(ctx.idmap_parent_fd)
         parent_chan.close()
         lock.release()
         undo.pop_all()
@@ -288,7 +320,12 @@ class _Procs:
 def _drive(ctx: CreateContext, mgr: Any, chan: Channel, pid1: int, procs: _Procs) -> int:
     """Runs the parent's side of the sync protocol; returns the init's pid once it reports ready."""
     if mgr is not None:
+        t = stages.now()
         mgr.apply(pid1)
+        stages.since(ctx.stages, "cgroup_apply", t)
+    if ctx.idmap_parent_fd >= 0 and not ctx.cfg.new_ns("user"):
+        user = ctx.cfg.ns("user")
+        _send_idmapped(ctx, chan, user.path if user is not None else None)
     chan.send("go")
     init_pid = 0
     held: list[tuple[str, str]] = []
@@ -307,26 +344,51 @@ def _drive(ctx: CreateContext, mgr: Any, chan: Channel, pid1: int, procs: _Procs
             except OSError as e:
                 chan.send("error", describe(e))
                 raise SetupError(f"write uid/gid maps: {describe(e)}") from None
+            if ctx.idmap_parent_fd >= 0:
+                _send_idmapped(ctx, chan, f"/proc/{pid1}/ns/user")
             chan.send("mapped")
         elif verb == "pid":
-            init_pid = int(text)
+            pid_text, _, timed = text.partition(" ")   # "N" and the child's stage timings
+            init_pid = int(pid_text)
+            ctx.stages.extend(stages.decode(timed))
             procs.init = init_pid
             procs.reap_pid1()
         elif verb == "hooks":
+            t = stages.now()
             try:
                 _create_hooks(ctx, init_pid)
+                stages.since(ctx.stages, "hooks", t)
             except SetupError as e:
                 chan.send("error", str(e))
                 raise
             chan.send("hooksdone")
         elif verb == "ready":
+            ctx.stages.extend(stages.decode(text))   # the init's stage timings
             return init_pid
+        elif verb == "stages":
+            ctx.stages.extend(stages.decode(text))   # a failing child's or init's timings, before its "error"
         elif verb == "error":
             raise SetupError(text)
         elif verb == "eof":
             raise SetupError("the container init exited during setup")
         else:
             raise SetupError(f"sync protocol: unexpected message {verb!r}")
+
+
+def _send_idmapped(ctx: CreateContext, chan: Channel, userns_path: str | None) -> None:
+    """Makes the idmapped mounts (runtime/idmap.py) and sends them to the init, which attaches them."""
+    from runtime import idmap
+    try:
+        fds = idmap.prepare(ctx.cfg.raw, ctx.cfg.bundle, ctx.cfg.rootfs, userns_path)
+    except SetupError as e:
+        idmap.send_error(ctx.idmap_parent_fd, str(e))
+        chan.send("error", str(e))
+        raise
+    try:
+        idmap.send(ctx.idmap_parent_fd, fds)
+    finally:
+        for fd in fds.values():
+            os.close(fd)
 
 
 def _create_hooks(ctx: CreateContext, init_pid: int) -> None:

@@ -158,17 +158,21 @@ def parse_cpu_list(text: str) -> set[int]:
     return out
 
 
-def switch_user(user: dict[str, Any]) -> None:
+def switch_user(user: dict[str, Any], denied: bool | None = None) -> None:
+    """`denied`: setgroups_denied(), read earlier by a caller whose /proc/self no longer names it (`husk exec`'s
+    stage, in the container's mount namespace but not in its pid namespace)."""
     uid, gid = user.get("uid", 0), user.get("gid", 0)
+    if denied is None:
+        denied = setgroups_denied()
     sc.set_keepcaps(True)
     try:
         groups = user.get("additionalGids") or []
-        if groups or not setgroups_denied():
+        if groups or not denied:
             try:
                 os.setgroups(groups)
             except OSError as e:
                 why = (" (setgroups is denied in this user namespace: an unprivileged runtime wrote the gid map)"
-                       if setgroups_denied() else "")
+                       if denied else "")
                 raise SetupError(f"process.user.additionalGids {groups}: setgroups: {e.strerror}{why}") from None
         try:
             os.setresgid(gid, gid, gid)
@@ -243,6 +247,17 @@ def exec_process(proc: dict[str, Any], path: str, env: dict[str, str], *, seccom
     without noNewPrivileges the filter is loaded before capabilities are dropped (the kernel then demands
     CAP_SYS_ADMIN), so the profile must allow the few syscalls that remain before execve.
     `on_listener(fd, compiled)` hands a SCMP_ACT_NOTIFY listener fd on (runtime.seccomp_notify.Handoff.send)."""
+    take_credentials(proc, seccomp=seccomp, preserve_fds=preserve_fds, keep_fds=keep_fds, rlimits_set=rlimits_set,
+                     personality=personality, on_listener=on_listener)
+    exec_program(proc, path, env, seccomp=seccomp, on_listener=on_listener)
+
+
+def take_credentials(proc: dict[str, Any], *, seccomp: Any, preserve_fds: int, keep_fds: tuple[int, ...] = (),
+                     rlimits_set: bool = False, personality: dict[str, Any] | None = None,
+                     on_listener: Any = None) -> None:
+    """exec_process's first half: rlimits, scheduling, fds made inheritable, cwd, seccomp without
+    noNewPrivileges, then user, capabilities, AppArmor, no_new_privs and umask. The container init does this
+    before it waits for `start` (runc's order), so that while it waits it holds the container's credentials only."""
     from runtime import capabilities
     caps = proc.get("capabilities") or {}
     user = proc.get("user") or {}
@@ -278,6 +293,12 @@ def exec_process(proc: dict[str, Any], path: str, env: dict[str, str], *, seccom
     os.umask(user.get("umask", 0o022) if user.get("umask") is not None else 0o022)
     if not in_cwd:
         enter_cwd(cwd)
+
+
+def exec_program(proc: dict[str, Any], path: str, env: dict[str, str], *, seccomp: Any,
+                 on_listener: Any = None) -> None:
+    """exec_process's second half: default signals, seccomp with noNewPrivileges (last), execve."""
+    nnp = bool(proc.get("noNewPrivileges"))
     # Python ignores SIGPIPE and SIGXFSZ; ignored signals survive execve, so give the program the defaults
     for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)

@@ -48,6 +48,7 @@ _RATTRS: dict[str, tuple[bool, int]] = {
     "rnosymfollow": (True, sc.MOUNT_ATTR_NOSYMFOLLOW), "rsymfollow": (False, sc.MOUNT_ATTR_NOSYMFOLLOW),
 }
 _IGNORED = {"tmpcopyup", "copy-symlink", "notmpcopyup"}  # crun extensions, meaningless here
+IDMAP_OPTIONS = ("idmap", "ridmap")  # made by the runtime parent (runtime/idmap.py), attached by _bind
 
 _KERNEL_FS_FLAGS = sc.MS_NOSUID | sc.MS_NODEV | sc.MS_NOEXEC
 
@@ -88,7 +89,7 @@ def parse_options(options: list[str]) -> MountOptions:
                 mo.attr_set |= attr
             else:
                 mo.attr_clr |= attr
-        elif opt in _IGNORED:
+        elif opt in _IGNORED or opt in IDMAP_OPTIONS:
             continue
         else:
             mo.data.append(opt)
@@ -99,8 +100,10 @@ class RootFs:
     """Builds the mount tree under `rootfs` in the current (new) mount namespace."""
 
     def __init__(self, rootfs: str, bundle: str, *, userns: bool, cgroup_path: str, cgroupns: bool,
-                 netns_new: bool, ipcns_new: bool) -> None:
+                 netns_new: bool, ipcns_new: bool, idmapped: dict[str, int] | None = None) -> None:
         self.rootfs = rootfs
+        # detached idmapped mounts made by the runtime (runtime/idmap.py): "root" and str(mount index) -> fd
+        self.idmapped = dict(idmapped or {})
         self.bundle = bundle
         self.userns = userns
         self.cgroup_path = cgroup_path
@@ -224,25 +227,39 @@ class RootFs:
         if flag == sc.MS_SHARED:
             # pivot_root refuses a shared parent mount, and the bind below must not propagate out of it
             _make_parent_private(self.rootfs)
-        sc.mount(self.rootfs, self.rootfs, None, sc.MS_BIND | sc.MS_REC)
+        root_fd = self.idmapped.pop("root", -1)
+        if root_fd >= 0:
+            # the rootfs seen through the container's id mappings (runtime/idmap.py)
+            try:
+                sc.move_mount(root_fd, -100, self.rootfs)
+            except OSError as e:
+                raise SetupError(f"attach the idmapped rootfs on {self.rootfs}: {os.strerror(e.errno)}") from None
+            finally:
+                os.close(root_fd)
+        else:
+            sc.mount(self.rootfs, self.rootfs, None, sc.MS_BIND | sc.MS_REC)
         self.rootfd = os.open(self.rootfs, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
 
     def mount_all(self, mounts: list[dict[str, Any]]) -> None:
         for i, m in enumerate(mounts):
             try:
-                self.mount_one(m)
+                self.mount_one(m, i)
             except SetupError as e:
                 raise SetupError(f"mounts[{i}] ({m.get('destination')}): {e}") from None
             except OSError as e:
                 raise SetupError(f"mounts[{i}] ({m.get('destination')}): {e.strerror or e}") from None
 
-    def mount_one(self, m: dict[str, Any]) -> None:
+    def mount_one(self, m: dict[str, Any], index: int = -1) -> None:
         dest = os.path.normpath(m["destination"])
         mtype = m.get("type") or ""
         opts = parse_options(m.get("options") or [])
         is_bind = mtype == "bind" or bool(opts.flags & sc.MS_BIND)
+        idmapped = self.idmapped.pop(str(index), -1)
+        if idmapped >= 0 and not is_bind:
+            os.close(idmapped)
+            raise SetupError("only a bind mount can be idmapped")
         if is_bind:
-            self._bind(m, dest, opts)
+            self._bind(m, dest, opts, idmapped)
         elif mtype == "cgroup":
             self._cgroup(dest, opts)
         else:
@@ -300,20 +317,28 @@ class RootFs:
                 return
             raise OSError(e.errno, f"mount {mtype} on {dest}: {os.strerror(e.errno)}") from None
 
-    def _bind(self, m: dict[str, Any], dest: str, opts: MountOptions) -> None:
+    def _bind(self, m: dict[str, Any], dest: str, opts: MountOptions, idmapped: int = -1) -> None:
         src = m["source"]
         if not os.path.isabs(src):
             src = os.path.join(self.bundle, src)
         try:
-            st = os.stat(src)
-        except OSError as e:
-            raise SetupError(f"bind mount source {src}: {e.strerror}") from None
-        fd = self.ensure_target(dest, is_file=not stat.S_ISDIR(st.st_mode))
-        try:
-            self._check_proc_target(fd, dest, _is_procfs(src))
-            sc.mount(src, f"/proc/self/fd/{fd}", None, sc.MS_BIND | (opts.flags & sc.MS_REC))
+            try:
+                st = os.fstat(idmapped) if idmapped >= 0 else os.stat(src)
+            except OSError as e:
+                raise SetupError(f"bind mount source {src}: {e.strerror}") from None
+            fd = self.ensure_target(dest, is_file=not stat.S_ISDIR(st.st_mode))
+            try:
+                self._check_proc_target(fd, dest, _is_procfs(src))
+                if idmapped >= 0:
+                    # the detached idmapped clone of src the runtime made (runtime/idmap.py), attached on the fd
+                    sc.move_mount(idmapped, fd)
+                else:
+                    sc.mount(src, f"/proc/self/fd/{fd}", None, sc.MS_BIND | (opts.flags & sc.MS_REC))
+            finally:
+                os.close(fd)
         finally:
-            os.close(fd)
+            if idmapped >= 0:
+                os.close(idmapped)
         extra = opts.flags & ~(sc.MS_BIND | sc.MS_REC | sc.MS_REMOUNT)
         if extra or opts.clear:
             self._remount(dest, extra | sc.MS_BIND)

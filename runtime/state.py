@@ -17,7 +17,7 @@ from runtime.errors import ContainerExists, ContainerNotFound, InvalidContainerI
 FORMAT = 1
 STATE_FILE = "state.marshal"
 STATE_JSON = "state.json"
-FIFO = "exec.fifo"
+FIFO = "exec.sock"  # the start socket (runtime/sync.py), in the role of runc's exec.fifo
 MAX_ID_LEN = 1024
 OCI_VERSION = "1.2.0"
 

@@ -1,218 +1,128 @@
-"""The container's cgroup as the shim sees it: where it is, its pids, stats for the task API, OOM events.
+"""The container's cgroup as the shim sees it: the runtime's cgroup manager of the init's cgroup, its pids,
+stats for the task API (runtime.cgroups Stats mapped onto io.containerd.cgroups.v1.Metrics), OOM events.
 
-Resolved from /proc/<init pid>/cgroup, so it works whichever runtime made the cgroup. Only reads files
-(plus the v1 eventfd registration); limits are the runtime's business.
-v1: OOM through an eventfd on memory.oom_control; v2: memory.events polled once a second (no inotify in
-the stdlib, and the shim has no libc binding for it).
+Every cgroup file is read by runtime/cgroups (v1.py, v2.py); this module only maps and watches. The cgroup is
+resolved from /proc/<init pid>/cgroup (runtime.cgroups.manager_of_pid), so it works whichever runtime made
+it. OOM: the manager's oom_event_fd() in the shim's loop (v1: eventfd on memory.oom_control; v2: inotify on
+memory.events), then its oom_kills() counter. runtime/ is imported lazily: the daemon path stays light.
 """
 from __future__ import annotations
 
 import os
 
 from shim.pb import cgroups_v1
-from shim.record import Record
 from shim.log import get as get_logger
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from runtime.cgroups.manager import BlkioEntry, Manager, MemoryEntry, Stats
 
 log = get_logger(__name__)
 
-CGROUP_ROOT = "/sys/fs/cgroup"
-USER_HZ = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+UNLIMITED = 2**64 - 1   # runtime.cgroups.v2's "max"; the Metrics message has 0 for no limit
 
 
-class CgroupPaths(Record):
-    """v1: controller -> directory; v2: the unified directory, if it has controllers."""
-    __slots__ = ("v1", "v2")
-    FIELDS = (("v1", {}), ("v2", None))
-
-    def dir_for(self, controller: str) -> str | None:
-        if controller in self.v1:
-            return self.v1[controller]
-        return self.v2
+def cgroup_of(pid: int) -> Manager:
+    """The runtime's manager of the cgroup `pid` is in (OSError when the process is gone, ValueError when
+    /proc/<pid>/cgroup names none)."""
+    from runtime.cgroups import manager_of_pid
+    return manager_of_pid(pid)
 
 
-def paths_of(pid: int) -> CgroupPaths:
-    paths = CgroupPaths()
-    pure_v2 = os.path.exists(os.path.join(CGROUP_ROOT, "cgroup.controllers"))
-    with open(f"/proc/{pid}/cgroup") as f:
-        for line in f:
-            hid, controllers, path = line.rstrip("\n").split(":", 2)
-            if hid == "0" and controllers == "":
-                base = CGROUP_ROOT if pure_v2 else os.path.join(CGROUP_ROOT, "unified")
-                d = os.path.join(base, path.lstrip("/"))
-                if os.path.exists(os.path.join(d, "memory.current")) or pure_v2:
-                    paths.v2 = d
-                continue
-            mount = os.path.join(CGROUP_ROOT, controllers)
-            if not os.path.isdir(mount):
-                continue
-            for c in controllers.split(","):
-                paths.v1[c] = os.path.join(mount, path.lstrip("/"))
-    return paths
+def pids(cg: Manager) -> list[int]:
+    """Every process in the cgroup and its sub-cgroups, sorted."""
+    return sorted(set(cg.pids()))
 
 
-def _read(path: str) -> str | None:
+def paused(cg: Manager) -> bool | None:
+    """The freezer's state: v1 freezer.state FROZEN or FREEZING, v2 cgroup.freeze 1; None when unreadable."""
+    if cg.version == 2:
+        name = os.path.join(cg.dir, "cgroup.freeze")  # type: ignore[attr-defined]
+        want = ("1",)
+    else:
+        d = cg.dir("freezer")  # type: ignore[attr-defined]
+        if d is None:
+            return None
+        name, want = os.path.join(d, "freezer.state"), ("FROZEN", "FREEZING")
     try:
-        with open(path) as f:
-            return f.read()
+        with open(name) as f:
+            return f.read().strip() in want
     except OSError:
         return None
 
 
-def _int(path: str) -> int:
-    s = _read(path)
-    if s is None:
-        return 0
-    s = s.strip()
-    if s == "max":
-        return 0
+def metrics(cg: Manager) -> cgroups_v1.Metrics:
+    """The cgroup's stats as io.containerd.cgroups.v1.Metrics; empty when the cgroup cannot be read (gone)."""
+    from runtime.errors import HuskError
     try:
-        return int(s)
-    except ValueError:
-        return 0
+        st = cg.stats()
+    except (OSError, ValueError, HuskError) as err:
+        log.debug("cgroup %s: no stats: %s", cg.path, err)
+        return cgroups_v1.Metrics()
+    return to_metrics(st, cg.version)
 
 
-def _kv(path: str) -> dict[str, int]:
-    out: dict[str, int] = {}
-    s = _read(path)
-    for line in (s or "").splitlines():
-        parts = line.split()
-        if len(parts) == 2:
-            try:
-                out[parts[0]] = int(parts[1])
-            except ValueError:
-                pass
-    return out
-
-
-def pids(paths: CgroupPaths) -> list[int]:
-    d = paths.dir_for("pids") or paths.dir_for("memory") or paths.dir_for("cpu")
-    if d is None:
-        return []
-    out: list[int] = []
-    for name in ("cgroup.procs",):
-        s = _read(os.path.join(d, name))
-        out += [int(x) for x in (s or "").split()]
-    return sorted(set(out))
-
-
-def metrics(paths: CgroupPaths) -> cgroups_v1.Metrics:
-    """io.containerd.cgroups.v1.Metrics filled from the v1 files, or the v2 equivalents on a v2 host."""
+def to_metrics(st: Stats, version: int) -> cgroups_v1.Metrics:
+    """Maps runtime.cgroups Stats onto the v1 Metrics message: v1 fields as the kernel names them, v2 onto
+    their v1 equivalents (memory.stat anon/file -> rss/cache, memory+swap as v1's memsw, io.stat -> blkio)."""
     m = cgroups_v1.Metrics()
-    mem = paths.v1.get("memory")
-    if mem:
-        st = _kv(os.path.join(mem, "memory.stat"))
-        ms = cgroups_v1.MemoryStat(**{_V1_MEMSTAT_FIELDS[k]: st.get(k, 0) for k in _V1_MEMSTAT})
-        ms.usage = _v1_entry(os.path.join(mem, "memory."))
-        if os.path.exists(os.path.join(mem, "memory.memsw.usage_in_bytes")):
-            ms.swap = _v1_entry(os.path.join(mem, "memory.memsw."))   # memory + swap, as on v1
-        if os.path.exists(os.path.join(mem, "memory.kmem.usage_in_bytes")):
-            ms.kernel = _v1_entry(os.path.join(mem, "memory.kmem."))     # kernel memory (cAdvisor's KernelUsage)
-        m.memory = ms
-        oc = _kv(os.path.join(mem, "memory.oom_control"))
-        m.memory_oom_control = cgroups_v1.MemoryOomControl(oom_kill_disable=oc.get("oom_kill_disable", 0),
-                                                           under_oom=oc.get("under_oom", 0),
-                                                           oom_kill=oc.get("oom_kill", 0))
-    elif paths.v2:
-        st = _kv(os.path.join(paths.v2, "memory.stat"))
+    mem = st.memory
+    if version == 1:
+        if mem.entries or mem.raw:               # a memory cgroup was read
+            ms = cgroups_v1.MemoryStat(**{field: mem.raw.get(k, 0) for k, field in _V1_MEMSTAT_FIELDS.items()})
+            ms.usage = _entry(mem.entries.get("usage"))
+            if "swap" in mem.entries:
+                ms.swap = _entry(mem.entries["swap"])      # memory + swap, as v1 counts it
+            if "kernel" in mem.entries:
+                ms.kernel = _entry(mem.entries["kernel"])  # kernel memory (cAdvisor's KernelUsage)
+            m.memory = ms
+            m.memory_oom_control = cgroups_v1.MemoryOomControl(oom_kill_disable=mem.oom_kill_disable,
+                                                               under_oom=mem.under_oom, oom_kill=mem.oom_kills)
+    elif "usage" in mem.entries:                # memory.current was read
+        r = mem.raw
         m.memory = cgroups_v1.MemoryStat(
-            cache=st.get("file", 0), rss=st.get("anon", 0), mapped_file=st.get("file_mapped", 0),
-            dirty=st.get("file_dirty", 0), writeback=st.get("file_writeback", 0),
-            pg_fault=st.get("pgfault", 0), pg_maj_fault=st.get("pgmajfault", 0),
-            inactive_anon=st.get("inactive_anon", 0), active_anon=st.get("active_anon", 0),
-            inactive_file=st.get("inactive_file", 0), active_file=st.get("active_file", 0),
-            unevictable=st.get("unevictable", 0), total_inactive_file=st.get("inactive_file", 0),
-            usage=cgroups_v1.MemoryEntry(limit=_int(os.path.join(paths.v2, "memory.max")),
-                                         usage=_int(os.path.join(paths.v2, "memory.current")),
-                                         max=_int(os.path.join(paths.v2, "memory.peak"))))
-        m.memory.swap = _v2_swap(paths.v2, m.memory.usage)
-        m.memory.kernel = cgroups_v1.MemoryEntry(usage=_v2_kernel(st))
-        ev = _kv(os.path.join(paths.v2, "memory.events"))
-        m.memory_oom_control = cgroups_v1.MemoryOomControl(oom_kill=ev.get("oom_kill", 0))
-    acct = paths.v1.get("cpuacct")
-    if acct:
-        usage = cgroups_v1.CPUUsage(total=_int(os.path.join(acct, "cpuacct.usage")))
-        per = _read(os.path.join(acct, "cpuacct.usage_percpu"))
-        usage.per_cpu = [int(x) for x in (per or "").split()]
-        cs = _kv(os.path.join(acct, "cpuacct.stat"))
-        usage.user = cs.get("user", 0) * 1_000_000_000 // USER_HZ
-        usage.kernel = cs.get("system", 0) * 1_000_000_000 // USER_HZ
-        m.cpu = cgroups_v1.CPUStat(usage=usage)
-    elif paths.v2:
-        cs = _kv(os.path.join(paths.v2, "cpu.stat"))
-        m.cpu = cgroups_v1.CPUStat(usage=cgroups_v1.CPUUsage(total=cs.get("usage_usec", 0) * 1000,
-                                                             user=cs.get("user_usec", 0) * 1000,
-                                                             kernel=cs.get("system_usec", 0) * 1000))
-    cpu = paths.v1.get("cpu") or paths.v2
-    if cpu and m.cpu is not None:
-        cs = _kv(os.path.join(cpu, "cpu.stat"))
-        m.cpu.throttling = cgroups_v1.Throttle(periods=cs.get("nr_periods", 0),
-                                               throttled_periods=cs.get("nr_throttled", 0),
-                                               throttled_time=cs.get("throttled_time",
-                                                                     cs.get("throttled_usec", 0) * 1000))
-    m.blkio = _blkio(paths)
-    pd = paths.dir_for("pids")
-    if pd:
-        m.pids = cgroups_v1.PidsStat(current=_int(os.path.join(pd, "pids.current")),
-                                     limit=_int(os.path.join(pd, "pids.max")))
+            cache=r.get("file", 0), rss=r.get("anon", 0), mapped_file=r.get("file_mapped", 0),
+            dirty=r.get("file_dirty", 0), writeback=r.get("file_writeback", 0),
+            pg_fault=r.get("pgfault", 0), pg_maj_fault=r.get("pgmajfault", 0),
+            inactive_anon=r.get("inactive_anon", 0), active_anon=r.get("active_anon", 0),
+            inactive_file=r.get("inactive_file", 0), active_file=r.get("active_file", 0),
+            unevictable=r.get("unevictable", 0), total_inactive_file=r.get("inactive_file", 0),
+            usage=_entry(mem.entries["usage"]),
+            kernel=cgroups_v1.MemoryEntry(usage=mem.kernel))
+        if "swap" in mem.entries:
+            m.memory.swap = _entry(mem.entries["swap"])     # memory + swap, as runc reports v2
+        m.memory_oom_control = cgroups_v1.MemoryOomControl(oom_kill=mem.oom_kills)
+    cpu = st.cpu
+    m.cpu = cgroups_v1.CPUStat(
+        usage=cgroups_v1.CPUUsage(total=cpu.usage_ns, per_cpu=list(cpu.percpu_ns), user=cpu.user_ns,
+                                  kernel=cpu.system_ns),
+        throttling=cgroups_v1.Throttle(periods=cpu.nr_periods, throttled_periods=cpu.nr_throttled,
+                                       throttled_time=cpu.throttled_ns))
+    if version == 1:
+        # blkio.throttle.*_recursive: filled whatever the I/O scheduler
+        if st.io.throttle:
+            m.blkio = cgroups_v1.BlkIOStat(
+                io_service_bytes_recursive=_blkio(st.io.throttle.get("ioServiceBytesRecursive", ())),
+                io_serviced_recursive=_blkio(st.io.throttle.get("ioServicedRecursive", ())))
+    else:
+        rw = ("Read", "Write")
+        m.blkio = cgroups_v1.BlkIOStat(
+            io_service_bytes_recursive=_blkio(st.io.entries.get("ioServiceBytesRecursive", ()), rw),
+            io_serviced_recursive=_blkio(st.io.entries.get("ioServicedRecursive", ()), rw))
+    m.pids = cgroups_v1.PidsStat(current=st.pids.current, limit=st.pids.limit)
     return m
 
 
-def _v1_entry(prefix: str) -> cgroups_v1.MemoryEntry:
-    """memory.* or memory.memsw.* counters."""
-    return cgroups_v1.MemoryEntry(limit=_int(prefix + "limit_in_bytes"), usage=_int(prefix + "usage_in_bytes"),
-                                  max=_int(prefix + "max_usage_in_bytes"), failcnt=_int(prefix + "failcnt"))
+def _entry(e: MemoryEntry | None) -> cgroups_v1.MemoryEntry:
+    if e is None:
+        return cgroups_v1.MemoryEntry()
+    return cgroups_v1.MemoryEntry(limit=0 if e.limit == UNLIMITED else e.limit, usage=e.usage, max=e.max_usage,
+                                  failcnt=e.failcnt)
 
 
-def _v2_kernel(st: dict[str, int]) -> int:
-    """memory.stat's kernel (Linux 5.18+); before it, the parts the kernel documents it to include."""
-    if "kernel" in st:
-        return st["kernel"]
-    return sum(st.get(k, 0) for k in ("kernel_stack", "pagetables", "percpu", "vmalloc", "slab"))
-
-
-def _v2_swap(d: str, mem: cgroups_v1.MemoryEntry) -> cgroups_v1.MemoryEntry | None:
-    """Swap as v1's memsw (memory + swap, as runc reports it), from memory.swap.*; limit 0: no limit."""
-    cur = _read(os.path.join(d, "memory.swap.current"))
-    if cur is None:
-        return None
-    raw = (_read(os.path.join(d, "memory.swap.max")) or "max").strip()
-    limit = mem.limit + int(raw) if mem.limit and raw.isdigit() else 0
-    return cgroups_v1.MemoryEntry(usage=mem.usage + int(cur.strip() or 0), limit=limit)
-
-
-def _blkio(paths: CgroupPaths) -> cgroups_v1.BlkIOStat | None:
-    """Bytes and operations per device: v1 blkio.throttle.*_recursive (filled on every scheduler), v2 io.stat."""
-    d = paths.v1.get("blkio")
-    if d:
-        return cgroups_v1.BlkIOStat(
-            io_service_bytes_recursive=_v1_blkio(os.path.join(d, "blkio.throttle.io_service_bytes_recursive")),
-            io_serviced_recursive=_v1_blkio(os.path.join(d, "blkio.throttle.io_serviced_recursive")))
-    if not paths.v2:
-        return None
-    by, ops = [], []
-    for line in (_read(os.path.join(paths.v2, "io.stat")) or "").splitlines():
-        dev, *kvs = line.split()
-        major, _, minor = dev.partition(":")
-        kv = dict(x.split("=", 1) for x in kvs if "=" in x)
-        if not (major.isdigit() and minor.isdigit()):
-            continue
-        for out, key, op in ((by, "rbytes", "Read"), (by, "wbytes", "Write"), (ops, "rios", "Read"),
-                             (ops, "wios", "Write")):
-            if kv.get(key, "").isdigit():
-                out.append(cgroups_v1.BlkIOEntry(op=op, major=int(major), minor=int(minor), value=int(kv[key])))
-    return cgroups_v1.BlkIOStat(io_service_bytes_recursive=by, io_serviced_recursive=ops)
-
-
-def _v1_blkio(path: str) -> list:
-    out = []
-    for line in (_read(path) or "").splitlines():
-        parts = line.split()       # "8:0 Read 4096"; the last line is "Total N"
-        if len(parts) != 3 or not parts[2].isdigit():
-            continue
-        major, _, minor = parts[0].partition(":")
-        if major.isdigit() and minor.isdigit():
-            out.append(cgroups_v1.BlkIOEntry(op=parts[1], major=int(major), minor=int(minor), value=int(parts[2])))
-    return out
+def _blkio(entries, ops: tuple[str, ...] = ()) -> list:  # entries: Iterable[BlkioEntry]
+    return [cgroups_v1.BlkIOEntry(op=e.op, major=e.major, minor=e.minor, value=e.value)
+            for e in entries if not ops or e.op in ops]
 
 
 _V1_MEMSTAT = ("cache", "rss", "rss_huge", "mapped_file", "dirty", "writeback", "pgpgin", "pgpgout",
@@ -229,101 +139,61 @@ _RENAME = {"pgpgin": "pg_pg_in", "pgpgout": "pg_pg_out", "pgfault": "pg_fault", 
 _V1_MEMSTAT_FIELDS = {k: _RENAME.get(k, k) for k in _V1_MEMSTAT}
 
 
-def oom_kill_count(paths: CgroupPaths) -> int:
-    mem = paths.v1.get("memory")
-    if mem:
-        return _kv(os.path.join(mem, "memory.oom_control")).get("oom_kill", 0)
-    if paths.v2:
-        return _v2_oom_kills(paths.v2) or 0
-    return 0
-
-
-def _v2_oom_kills(d: str) -> int | None:
-    """memory.events' oom_kill of the v2 cgroup `d` (hierarchical: a parent counts its children's kills), or
-    None when the file cannot be read (the cgroup is gone)."""
-    text = _read(os.path.join(d, "memory.events"))
-    if text is None:
-        return None
-    for line in text.splitlines():
-        key, _, value = line.partition(" ")
-        if key == "oom_kill" and value.strip().isdigit():
-            return int(value)
-    return 0
-
-
 class OomWatcher:
-    """Calls `on_oom()` each time the cgroup's oom_kill counter rises."""
+    """Calls `on_oom()` each time the cgroup's oom_kill counter rises: woken by the manager's oom_event_fd()
+    (v1 eventfd, v2 inotify on memory.events), and checked once more at the init's exit (check())."""
 
-    def __init__(self, loop, paths: CgroupPaths, on_oom) -> None:  # loop: shim.loop.Loop
+    def __init__(self, loop, cg: Manager, on_oom) -> None:  # loop: shim.loop.Loop
         self.loop = loop
-        self.paths = paths
+        self.cg = cg
         self.on_oom = on_oom
-        self.efd = -1
-        self._closed = False
+        self.fd = -1
         # v2: the parent's memory.events counts this cgroup's kills too. systemd removes a scope's cgroup as soon
         # as its last process is gone, which can be before the shim reads the counter at the init's exit; the
         # parent (the pod's slice) stays, so its count, read before ours at every check, tells a kill we missed.
-        parent = os.path.dirname(paths.v2.rstrip("/")) if paths.v2 else ""
-        self.parent = parent if parent.startswith(CGROUP_ROOT + "/") else ""
-        self.parent_count = self._parent_kills()
-        self.count = oom_kill_count(paths)
-        mem = paths.v1.get("memory")
-        if mem:
-            self._register_v1(mem)
-        elif paths.v2:
-            loop.call_later(1.0, self._poll)
-
-    def _parent_kills(self) -> int | None:
-        return _v2_oom_kills(self.parent) if self.parent else None
-
-    def _register_v1(self, mem: str) -> None:
+        self.parent: Manager | None = None
+        if cg.version == 2 and os.path.dirname(cg.path) != "/":
+            from runtime.cgroups.v2 import V2Manager
+            self.parent = V2Manager(os.path.dirname(cg.path), cg.mountpoint)  # type: ignore[attr-defined]
+        self.parent_count = self.parent.oom_kills() if self.parent is not None else None
+        self.count = cg.oom_kills() or 0
+        from runtime.errors import HuskError
         try:
-            efd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
-            ocfd = os.open(os.path.join(mem, "memory.oom_control"), os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                with open(os.path.join(mem, "cgroup.event_control"), "w") as f:
-                    f.write(f"{efd} {ocfd}")
-            finally:
-                os.close(ocfd)
-        except OSError as err:
-            log.warning("OOM events unavailable for %s: %s", mem, err)
+            fd = cg.oom_event_fd()
+        except (OSError, HuskError) as err:
+            log.warning("OOM events unavailable for %s: %s", cg.path, err)
             return
-        self.efd = efd
-        self.loop.add_reader(efd, self._on_event)
+        if fd is not None:
+            self.fd = fd
+            loop.add_reader(fd, self._on_event)
 
     def _on_event(self) -> None:
         try:
-            os.eventfd_read(self.efd)
+            os.read(self.fd, 65536)      # v1: the eventfd's counter; v2: the inotify records
         except BlockingIOError:
             return
         except OSError:
             self.close()
             return
         self.check()
-        if not os.path.isdir(self.paths.v1.get("memory", "")):
-            self.close()         # the eventfd also fires when the cgroup is removed
-
-    def _poll(self) -> None:
-        if self._closed:
-            return
-        self.check()
-        if self.paths.v2 and os.path.isdir(self.paths.v2):
-            self.loop.call_later(1.0, self._poll)
+        if not self.cg.exists():
+            self.close()         # v1: the eventfd also fires when the cgroup is removed; v2: IN_IGNORED
 
     def check(self) -> bool:
-        """Re-reads the counter (also called at exit, as the last kill may race the eventfd or the poll)."""
-        if self.paths.v2 and not self.paths.v1.get("memory"):
+        """Re-reads the counter (also called at exit, as the last kill may race the event)."""
+        if self.parent is not None:
             return self._check_v2()
-        n = oom_kill_count(self.paths)
-        if n > self.count:
+        n = self.cg.oom_kills()
+        if n is not None and n > self.count:
             self.count = n
             self.on_oom()
             return True
         return False
 
     def _check_v2(self) -> bool:
-        parent = self._parent_kills()          # before ours: a kill counted in ours after this is in it too
-        n = _v2_oom_kills(self.paths.v2)
+        assert self.parent is not None
+        parent = self.parent.oom_kills()       # before ours: a kill counted in ours after this is in it too
+        n = self.cg.oom_kills()
         if n is None:
             # Our cgroup is gone (systemd removed the emptied scope): a rise of the parent's count since our
             # last reading is a kill in our cgroup, unless a sibling was killed in the same moment.
@@ -340,8 +210,7 @@ class OomWatcher:
         return False
 
     def close(self) -> None:
-        self._closed = True
-        if self.efd >= 0:
-            self.loop.remove(self.efd)
-            os.close(self.efd)
-            self.efd = -1
+        if self.fd >= 0:
+            self.loop.remove(self.fd)
+            os.close(self.fd)
+            self.fd = -1

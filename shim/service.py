@@ -13,6 +13,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable
 
+    from runtime.cgroups.manager import Manager
+
 from shim import cgroup_watch, exitfile
 from shim import ttrpc_wire as w
 from shim.crilog import CriLogWriter
@@ -99,7 +101,7 @@ class TaskService:
         self.driver: RuntimeDriver | None = None
         self.bundle = cfg.bundle
         self.rootfs_mounted = ""
-        self.cgroup: cgroup_watch.CgroupPaths | None = None
+        self.cgroup: Manager | None = None
         self.oom: cgroup_watch.OomWatcher | None = None
         self.oom_seen = False
         self.crilog: CriLogWriter | None = None
@@ -187,9 +189,9 @@ class TaskService:
         proc = Proc("", io, req.stdin, req.stdout, req.stderr, req.terminal, pid=pid)
         self.init = proc
         try:
-            self.cgroup = cgroup_watch.paths_of(pid)
+            self.cgroup = cgroup_watch.cgroup_of(pid)
             self.oom = cgroup_watch.OomWatcher(self.loop, self.cgroup, self._on_oom)
-        except OSError as err:
+        except (OSError, ValueError) as err:
             log.warning("%s: cgroup of pid %d: %s", self.cfg.id, pid, err)
         self.events.publish(ev.TaskCreate(container_id=self.cfg.id, bundle=req.bundle, rootfs=list(req.rootfs),
                                           io=ev.TaskIO(stdin=req.stdin, stdout=req.stdout, stderr=req.stderr,
@@ -326,17 +328,9 @@ class TaskService:
 
     def _runtime_status(self, p: Proc) -> int:
         """Paused/running as the cgroup freezer says (cheap; the runtime binary is not run)."""
-        if self.cgroup is not None:
-            fz = self.cgroup.v1.get("freezer")
-            try:
-                if fz:
-                    with open(os.path.join(fz, "freezer.state")) as f:
-                        return S.PAUSED if f.read().strip() in ("FROZEN", "FREEZING") else S.RUNNING
-                if self.cgroup.v2:
-                    with open(os.path.join(self.cgroup.v2, "cgroup.freeze")) as f:
-                        return S.PAUSED if f.read().strip() == "1" else S.RUNNING
-            except OSError:
-                pass
+        paused = cgroup_watch.paused(self.cgroup) if self.cgroup is not None else None
+        if paused is not None:
+            return S.PAUSED if paused else S.RUNNING
         return p.status
 
     def Pids(self, ctx: CallContext, req: taskpb.PidsRequest) -> taskpb.PidsResponse:

@@ -166,13 +166,27 @@ def _zygote_main(chan: socket.socket, preload: tuple[str, ...] = ()) -> int:
             data = chan.recv(MAX_MSG)
         except InterruptedError:
             continue
+        except ConnectionResetError:
+            data = b""
         if not data:
-            return 0
+            return 0  # husk-cri closed its end (stopped, or died): the zygote's work is over
         try:
             resp = _spawn_one(json.loads(data), chan)
         except Exception as err:  # every failure is an answer, never the zygote's end
             resp = {"error": f"{type(err).__name__}: {err}"}
-        chan.send(json.dumps(resp).encode())
+        try:
+            chan.send(json.dumps(resp).encode())
+        except (BrokenPipeError, ConnectionResetError):
+            # husk-cri went away mid-spawn (killed, or stopped while a container was being created): one line,
+            # no traceback. The shim started for it (if any) keeps running, as every shim outlives husk-cri.
+            log.warning("spawner: husk-cri went away before the answer %s; exiting", _brief(resp))
+            return 0
+
+
+def _brief(resp: dict) -> str:
+    if "pid" in resp:
+        return f"(shim pid {resp['pid']} at {resp.get('address', '')})"
+    return f"(error: {resp.get('error', '')})"
 
 
 def _spawn_one(req: dict, chan: socket.socket) -> dict:

@@ -2,7 +2,8 @@
 
 Data goes to `<root>/ingest/<hex>.partial`, is checked for size and digest, fsynced and renamed into place, so a
 blob that exists is complete and correct. One download per digest at a time, across tasks (a shared future) and
-processes (flock); a short read keeps the partial file for a ranged resume. Knows nothing of registries.
+processes (flock); a short read or a cancel keeps the partial file for a ranged resume (until the next garbage
+collection), a full disk (NoSpace) removes it. Knows nothing of registries.
 """
 from __future__ import annotations
 
@@ -11,13 +12,12 @@ import hashlib
 import logging
 import os
 import tempfile
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from .errors import ContentError, DigestMismatch, NotFound, ShortRead, SizeMismatch
-from .locks import alock
+from .errors import ContentError, DigestMismatch, NoSpace, NotFound, ShortRead, SizeMismatch, is_no_space
+from .locks import alock, try_lock_fd
 from .reference import InvalidReference, validate_digest
 
 log = logging.getLogger(__name__)
@@ -144,15 +144,19 @@ class ContentStore:
             raise DigestMismatch(what, expected, digest)
         if self.exists(digest):
             return digest
-        fd, tmp = tempfile.mkstemp(dir=self.ingest_dir, prefix="bytes-")
+        tmp = ""
         try:
+            fd, tmp = tempfile.mkstemp(dir=self.ingest_dir, prefix="bytes-")
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
             self._commit(tmp, digest)
-        except BaseException:
-            _unlink(tmp)
+        except BaseException as e:
+            if tmp:
+                _unlink(tmp)
+            if is_no_space(e):
+                raise NoSpace(f"storing {what} {digest}", tmp or self.ingest_dir, len(data)) from None
             raise
         return digest
 
@@ -162,9 +166,10 @@ class ContentStore:
         what = what or src
         algo = _split(expected)[0] if expected else "sha256"
         h = hashlib.new(algo)
-        fd, tmp = tempfile.mkstemp(dir=self.ingest_dir, prefix="file-")
+        tmp = ""
         n = 0
         try:
+            fd, tmp = tempfile.mkstemp(dir=self.ingest_dir, prefix="file-")
             with os.fdopen(fd, "wb") as out, open(src, "rb") as inp:
                 while b := inp.read(CHUNK):
                     h.update(b)
@@ -181,8 +186,12 @@ class ContentStore:
                 _unlink(tmp)
             else:
                 self._commit(tmp, digest)
-        except BaseException:
-            _unlink(tmp)
+        except BaseException as e:
+            if tmp:
+                _unlink(tmp)
+            if is_no_space(e):
+                needed = expected_size if expected_size is not None else _size_or_none(src)
+                raise NoSpace(f"importing {what}", tmp or self.ingest_dir, needed, n) from None
             raise
         return BlobInfo(digest, n)
 
@@ -237,26 +246,34 @@ class ContentStore:
                 h = hashlib.new(algo)
                 offset = 0
             written = offset
-            fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
             try:
-                os.ftruncate(fd, offset)
-                os.lseek(fd, offset, os.SEEK_SET)
-                if progress:
-                    progress(offset)
-                async for chunk in chunks:
-                    written += len(chunk)
-                    if written > size:
-                        _unlink(partial)
-                        raise SizeMismatch(what, size, written)
-                    h.update(chunk)
-                    _write_all(fd, chunk)
+                fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+                try:
+                    os.ftruncate(fd, offset)
+                    os.lseek(fd, offset, os.SEEK_SET)
                     if progress:
-                        progress(written)
-                    if sink is not None:
-                        await sink.feed(written - len(chunk), chunk)
-                await asyncio.to_thread(os.fsync, fd)
-            finally:
-                os.close(fd)
+                        progress(offset)
+                    async for chunk in chunks:
+                        written += len(chunk)
+                        if written > size:
+                            _unlink(partial)
+                            raise SizeMismatch(what, size, written)
+                        h.update(chunk)
+                        _write_all(fd, chunk)
+                        if progress:
+                            progress(written)
+                        if sink is not None:
+                            await sink.feed(written - len(chunk), chunk)
+                    await asyncio.to_thread(os.fsync, fd)
+                finally:
+                    os.close(fd)
+            except OSError as e:
+                if not is_no_space(e):
+                    raise
+                # A partial that filled the disk is useless for a resume (that needs the space too): drop it.
+                err = NoSpace(f"downloading {what}", partial, size, _size_or_none(partial))  # free space: before
+                _unlink(partial)
+                raise err from None
             if written < size:
                 raise ShortRead(what, size, written)
             actual = f"{algo}:{h.hexdigest()}"
@@ -273,18 +290,41 @@ class ContentStore:
         except FileNotFoundError:
             return False
 
-    def clean_ingest(self, partial_max_age: float = 24 * 3600) -> int:
-        """Remove leftovers of finished or abandoned writes (call under the exclusive GC lock: nobody is
-        writing). Partial downloads are kept for a resume unless older than `partial_max_age` seconds."""
-        n = 0
-        now = time.time()
-        for name in os.listdir(self.ingest_dir):
-            p = os.path.join(self.ingest_dir, name)
-            stale_partial = name.endswith(".partial") and now - os.lstat(p).st_mtime > partial_max_age
-            if name.startswith(("bytes-", "file-")) or name.endswith(".lock") or stale_partial:
-                _unlink(p)
-                n += 1
+    def discard_partial(self, digest: str) -> int:
+        """Delete the partial download of `digest` unless someone (this process or another) is writing it;
+        returns the bytes freed. For a pull that failed for lack of space: its partials only keep the disk full."""
+        _algo, hexpart = _split(digest)
+        if digest in self._inflight:
+            return 0
+        lockp = os.path.join(self.ingest_dir, f"{hexpart}.lock")
+        partial = os.path.join(self.ingest_dir, f"{hexpart}.partial")
+        if not os.path.exists(partial):
+            return 0
+        fd = try_lock_fd(lockp)
+        if fd is None:
+            return 0
+        try:
+            n = _size_or_none(partial) or 0
+            _unlink(partial)
+            _unlink(lockp)
+        finally:
+            os.close(fd)
         return n
+
+    def clean_ingest(self) -> tuple[int, int]:
+        """Remove every leftover of finished, abandoned or interrupted writes, partial downloads included;
+        returns (files removed, bytes freed). Call only under the exclusive GC lock: then no download is in
+        flight in any process, and a partial kept for a ranged resume is given up to free its space."""
+        n = freed = 0
+        for name in os.listdir(self.ingest_dir):
+            if not (name.startswith(("bytes-", "file-")) or name.endswith((".lock", ".partial"))):
+                continue
+            p = os.path.join(self.ingest_dir, name)
+            size = _size_or_none(p) or 0
+            _unlink(p)
+            n += 1
+            freed += size
+        return n, freed
 
 
 def _rehash(h: hashlib._Hash, path: str, n: int) -> tuple[str, int]:
@@ -304,6 +344,13 @@ def _write_all(fd: int, data: bytes) -> None:
     while mv:
         n = os.write(fd, mv)
         mv = mv[n:]
+
+
+def _size_or_none(path: str) -> int | None:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return None
 
 
 def _unlink(path: str) -> None:

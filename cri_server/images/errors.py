@@ -154,3 +154,56 @@ class ArchiveError(ImageError):
         super().__init__(f"{path}: {reason}")
         self.path = path
         self.reason = reason
+
+
+class NoSpace(ImageError):
+    """The filesystem under the image root is full (ENOSPC, EDQUOT, SQLITE_FULL): what was being written, where,
+    how much was needed (when known) and how much is free. Whatever was half-written is removed."""
+
+    code = "RESOURCE_EXHAUSTED"
+
+    def __init__(self, what: str, path: str, needed: int | None = None, written: int | None = None) -> None:
+        free = _free_bytes(path)
+        parts = [f"{what}: no space left on device writing {path}"]
+        if needed is not None:
+            parts.append(f"needed {needed} bytes" + (f", wrote {written}" if written is not None else ""))
+        elif written is not None:
+            parts.append(f"wrote {written} bytes")
+        if free is not None:
+            parts.append(f"{free} bytes free")
+        super().__init__("; ".join(parts))
+        self.what = what
+        self.path = path
+        self.needed = needed
+        self.written = written
+        self.free = free
+
+
+NO_SPACE_ERRNOS = frozenset({28, 122})  # ENOSPC, EDQUOT
+_SQLITE_FULL = 13
+
+
+def is_no_space(e: BaseException) -> bool:
+    """Whether `e` means "the disk is full": NoSpace, ENOSPC/EDQUOT from the kernel, SQLITE_FULL from SQLite."""
+    if isinstance(e, NoSpace):
+        return True
+    if isinstance(e, OSError):
+        return e.errno in NO_SPACE_ERRNOS
+    if type(e).__module__ == "sqlite3" and getattr(e, "sqlite_errorcode", None) is not None:
+        return (e.sqlite_errorcode & 0xFF) == _SQLITE_FULL  # type: ignore[attr-defined]
+    return False
+
+
+def _free_bytes(path: str) -> int | None:
+    import os
+    p = path
+    while p and not os.path.exists(p):
+        parent = os.path.dirname(p)
+        if parent == p:
+            break
+        p = parent
+    try:
+        st = os.statvfs(p or "/")
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize

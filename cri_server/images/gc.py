@@ -55,7 +55,7 @@ def plan(db: MetadataDB, content: ContentStore, snapshots: Snapshotter) -> GCPla
 
 def execute(p: GCPlan, content: ContentStore, snapshots: Snapshotter, tmp_dir: str | None = None) -> tuple[int, int]:
     """Delete files of a plan whose rows are already gone (blocking: run in a worker thread).
-    Returns (blobs removed, bytes freed by blobs)."""
+    Returns (blobs removed, bytes freed by blobs and by partial downloads in the ingest directory)."""
     freed = 0
     n = 0
     for d in p.blobs:
@@ -68,7 +68,10 @@ def execute(p: GCPlan, content: ContentStore, snapshots: Snapshotter, tmp_dir: s
             log.warning("gc: %s is mounted; leaving it", d)
             continue
         shutil.rmtree(d, ignore_errors=True)
-    content.clean_ingest()
+    _n, ingest_freed = content.clean_ingest()
+    if ingest_freed:
+        log.info("gc: removed %d bytes of partial or abandoned downloads", ingest_freed)
+    freed += ingest_freed
     snapshots.clean_tmp()
     if tmp_dir and os.path.isdir(tmp_dir):  # imports interrupted by a crash
         for name in os.listdir(tmp_dir):

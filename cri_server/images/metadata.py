@@ -132,7 +132,8 @@ class MetadataDB:
             try:
                 yield self.conn
             except BaseException:
-                self.conn.execute("ROLLBACK")
+                if self.conn.in_transaction:  # SQLite already rolled back after some errors (SQLITE_FULL):
+                    self.conn.execute("ROLLBACK")  # a second ROLLBACK would hide the first error
                 raise
             self.conn.execute("COMMIT")
             self.local_generation += 1

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import manifest as mf
 from .content import ContentStore
-from .errors import InvalidManifest, NotFound
+from .errors import InvalidManifest, NoSpace, NotFound
 from .metadata import ImageRow
 from .reference import Reference
 from .snapshots import Snapshotter
@@ -22,6 +22,11 @@ if TYPE_CHECKING:  # the registry client imports aiohttp (~0.5 s): only pulls ne
     from .registry import RegistryClient
 
 log = logging.getLogger(__name__)
+
+# Hooks of cri_server/prometheus.py, None unless metrics are on: on_pull(task, monotonic start) for every pull that
+# does the work (the task's outcome is the pull's), on_fetched(bytes) for every layer downloaded from a registry.
+on_pull: Callable[["asyncio.Task[Any]", float], None] | None = None
+on_fetched: Callable[[int], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -90,6 +95,8 @@ async def pull(client: RegistryClient, content: ContentStore, snapshots: Snapsho
                max_concurrent_downloads: int = 3, stream: bool = True) -> tuple[ImageRow, list[tuple[str, str]]]:
     """Pull `ref`. With `stream`, each layer is unpacked while it downloads (else after)."""
     what = str(ref)
+    if on_pull is not None and (task := asyncio.current_task()) is not None:
+        on_pull(task, time.monotonic())
     resolved = await client.resolve(ref)
     top = resolved.descriptor
     content.put_bytes(resolved.data, top.digest, f"{what} manifest")
@@ -143,8 +150,11 @@ async def pull(client: RegistryClient, content: ContentStore, snapshots: Snapsho
 
         async def download(sink: LayerPipe | None) -> str:
             async with sem:  # at most N downloads (each with the unpacking it feeds) at a time
+                fetched = on_fetched is not None and not content.exists(desc.digest)
                 path = await client.fetch_blob(content, ref, hosts, desc, lwhat, on_bytes, sink)
             on_bytes(desc.size)
+            if fetched and on_fetched is not None:
+                on_fetched(desc.size)
             return path
         parent = str(layers[i - 1]["chainID"]) if i else ""
         if stream:
@@ -155,7 +165,15 @@ async def pull(client: RegistryClient, content: ContentStore, snapshots: Snapsho
         if progress:
             progress(Progress(what, "unpacked", desc.digest, desc.size, desc.size))
 
-    await run_all([one(i, d) for i, d in enumerate(manifest.layers)])
+    try:
+        await run_all([one(i, d) for i, d in enumerate(manifest.layers)])
+    except NoSpace:
+        # The layers cancelled beside the one that hit the full disk keep their partials for a resume; a resume
+        # needs the space they hold, so free it now (the ones another pull is still writing stay).
+        freed = sum(content.discard_partial(d.digest) for d in manifest.layers)
+        if freed:
+            log.info("%s: removed %d bytes of partial downloads after running out of space", what, freed)
+        raise
     blobs += [x.digest for x in manifest.layers]
     size = man_desc.size + cfg_desc.size + sum(x.size for x in manifest.layers)
     row = ImageRow(id=cfg_desc.digest, manifest_digest=man_desc.digest, manifest_media_type=man_desc.media_type,

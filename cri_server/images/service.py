@@ -18,7 +18,7 @@ from . import gc as gcmod
 from . import manifest as mf
 from .auth import AuthConfig
 from .content import ContentStore
-from .errors import ImageError, InvalidReference, NotFound, SnapshotError
+from .errors import ImageError, InvalidReference, NoSpace, NotFound, SnapshotError, is_no_space
 from .locks import alock, try_lock_fd
 from .metadata import MetadataDB
 from .pull import Progress, ProgressCallback, pull, unpack_layers
@@ -196,14 +196,35 @@ class ImageService:
     async def _pull(self, ref: Reference, auth: AuthConfig | None, plat: mf.Platform,
                     progress: ProgressCallback | None, plain_http: bool | None) -> ImageRecord:
         t0 = time.monotonic()
-        async with alock(self.gc_lock_path, shared=True):
-            client = self._client(auth, plain_http)
-            row, names = await pull(client, self.content, self.snapshots, ref, plat, progress,
-                                    self.max_concurrent_downloads, self.stream_unpack)
-            self.db.put_image(row, names)
+        try:
+            async with alock(self.gc_lock_path, shared=True):
+                client = self._client(auth, plain_http)
+                row, names = await pull(client, self.content, self.snapshots, ref, plat, progress,
+                                        self.max_concurrent_downloads, self.stream_unpack)
+                self.db.put_image(row, names)
+        except Exception as e:  # noqa: BLE001 - only a full disk is handled here
+            if not is_no_space(e):
+                raise
+            raise await self._no_space(e, f"pulling {ref}") from None
         log.info("pulled %s as %s in %.2fs", ref, row.id, time.monotonic() - t0)
         self._after_write()
         return self.resolve(row.id)
+
+    async def _no_space(self, e: BaseException, what: str) -> NoSpace:
+        """The NoSpace (RESOURCE_EXHAUSTED) for a full disk met anywhere (a download, tar, a snapshot, meta.db),
+        after a garbage collection has freed what the failed work left (unreferenced blobs and layers, partial
+        downloads), so that the failure does not leave the disk full."""
+        err = e if isinstance(e, NoSpace) else NoSpace(what, getattr(e, "filename", None) or self.root)
+        log.warning("%s", err)
+        if not self._closed:
+            try:
+                res = await self.gc()
+            except Exception as gc_err:  # noqa: BLE001 - the full disk is the error to report
+                log.warning("gc after running out of space failed: %s", gc_err)
+            else:
+                if not res.skipped:
+                    log.info("gc after running out of space freed %d bytes", res.bytes_freed)
+        return err
 
     # -- import / export -------------------------------------------------------------------------------------
     async def import_archive(self, path: str, names: list[str] | None = None, base_name: str | None = None,
@@ -213,17 +234,22 @@ class ImageService:
         plat = self.platform if platform is None else (
             mf.parse_platform(platform) if isinstance(platform, str) else platform)
         explicit = [parse(n) for n in names or []]
-        async with alock(self.gc_lock_path, shared=True):
-            images = await asyncio.to_thread(archive.read_archive, path, self.content, plat, all_platforms,
-                                             os.path.join(self.root, "tmp"))
-            if explicit and len(images) != 1:
-                raise ImageError(f"{path}: --name needs an archive with exactly one image ({len(images)} found)")
-            out_ids = []
-            for img in images:
-                await unpack_layers(self.content, self.snapshots, img.row.layers, f"{path}: {img.row.id}")
-                img_names = archive.names_for(img, explicit, base_name)
-                self.db.put_image(img.row, img_names)
-                out_ids.append(img.row.id)
+        try:
+            async with alock(self.gc_lock_path, shared=True):
+                images = await asyncio.to_thread(archive.read_archive, path, self.content, plat, all_platforms,
+                                                 os.path.join(self.root, "tmp"))
+                if explicit and len(images) != 1:
+                    raise ImageError(f"{path}: --name needs an archive with exactly one image ({len(images)} found)")
+                out_ids = []
+                for img in images:
+                    await unpack_layers(self.content, self.snapshots, img.row.layers, f"{path}: {img.row.id}")
+                    img_names = archive.names_for(img, explicit, base_name)
+                    self.db.put_image(img.row, img_names)
+                    out_ids.append(img.row.id)
+        except Exception as e:  # noqa: BLE001 - only a full disk is handled here
+            if not is_no_space(e):
+                raise
+            raise await self._no_space(e, f"importing {path}") from None
         self._after_write()
         return [self.resolve(i) for i in out_ids]
 
@@ -345,9 +371,14 @@ class ImageService:
         rec = self.resolve(image)
         row = self.db.image(rec.id)
         assert row is not None
-        async with alock(self.gc_lock_path, shared=True):
-            await unpack_layers(self.content, self.snapshots, row.layers, f"image {rec.id}")
-            mounts = await self.snapshots.prepare(key, rec.id, list(rec.chain_ids))
+        try:
+            async with alock(self.gc_lock_path, shared=True):
+                await unpack_layers(self.content, self.snapshots, row.layers, f"image {rec.id}")
+                mounts = await self.snapshots.prepare(key, rec.id, list(rec.chain_ids))
+        except Exception as e:  # noqa: BLE001 - only a full disk is handled here
+            if not is_no_space(e):
+                raise
+            raise await self._no_space(e, f"creating the writable snapshot {key!r} of image {rec.id}") from None
         self._after_write()
         return mounts
 

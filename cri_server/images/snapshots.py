@@ -226,11 +226,16 @@ class Snapshotter:
                 cancel.set()
                 if pipe is not None:
                     pipe.abort()
-                if not task.done():
+                # Wait until it has ended (and killed its tar) even if cancelled again meanwhile (run_all cancels a
+                # sibling that is already cleaning up after its own error): `await task` would then give up at once
+                # and leave tar writing into the directory removed below, its space held until it exits.
+                while not task.done():
                     try:
-                        await task
-                    except BaseException:  # noqa: BLE001 - the first error is the one to report
-                        pass
+                        await asyncio.wait({task})
+                    except asyncio.CancelledError:  # the first error is the one to report
+                        continue
+                if not task.cancelled():
+                    task.exception()  # retrieved: the first error is the one to report
                 shutil.rmtree(tmp, ignore_errors=True)
                 self.db.delete_layer(layer_id)
                 raise

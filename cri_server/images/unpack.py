@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from .errors import InvalidLayer, UnsafeLayer
+from .errors import InvalidLayer, NoSpace, UnsafeLayer, is_no_space
 from .tarscan import (
     BLK,
     CHR,
@@ -209,12 +209,32 @@ def apply_gnutar(path: str | BinaryIO, compression: str, dest: str, layer: str,
         if rc != 0:
             errf.seek(0)
             msg = errf.read(4000).decode(errors="replace").strip()
+            if _tar_no_space(msg):
+                raise NoSpace(f"unpacking {layer} (tar: {_first_line(msg)}; after {total} bytes of the layer's tar"
+                              " stream)", dest)
             raise InvalidLayer(layer, f"tar exited with status {rc}: {msg}")
     try:
         whiteouts = convert_whiteouts(dest, rules)
     except OSError as e:
+        if is_no_space(e):
+            raise NoSpace(f"unpacking {layer} (whiteouts)", e.filename or dest) from None
         raise InvalidLayer(layer, f"whiteout conversion: {e}") from None
     return ApplyResult("sha256:" + h.hexdigest(), total, rules.members, whiteouts, len(rules.opaques))
+
+
+# How GNU tar reports a full disk: strerror(ENOSPC or EDQUOT) (in this process's locale, and in C), or a short
+# write ("Wrote only 5120 of 10240 bytes": write(2) returned less, which a regular file does only when full).
+_NO_SPACE_MESSAGES = tuple({os.strerror(28), os.strerror(122), "No space left on device", "Disk quota exceeded",
+                            "Wrote only "})
+
+
+def _tar_no_space(stderr: str) -> bool:
+    return any(m in stderr for m in _NO_SPACE_MESSAGES)
+
+
+def _first_line(msg: str) -> str:
+    return next((line for line in msg.splitlines() if any(m in line for m in _NO_SPACE_MESSAGES)),
+                msg.splitlines()[0] if msg else "")
 
 
 # -- the whiteout pass (GNU tar leaves `.wh.*` files; overlayfs wants devices and xattrs) ------------------
@@ -436,6 +456,9 @@ def apply_tarfile(path: str | BinaryIO, compression: str, dest: str, layer: str,
         except tarfile.TarError as e:
             raise InvalidLayer(layer, f"bad tar stream: {e}") from None
         except OSError as e:  # e.g. a file over a non-empty directory: tar fails on it too
+            if is_no_space(e):
+                raise NoSpace(f"unpacking {layer} member {ti.name!r} (after {reader.n} bytes of the layer's tar"
+                              " stream)", e.filename or dest) from None
             raise InvalidLayer(layer, f"member {ti.name!r}: {e.strerror or e}") from None
         reader.drain()
     for name, mtime in whiteouts:

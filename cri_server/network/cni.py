@@ -14,10 +14,15 @@ import json
 import logging
 import os
 import tempfile
+import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 log = logging.getLogger(__name__)
+
+# The hook of cri_server/prometheus.py, None unless metrics are on: observer(command, plugin type, seconds, failed)
+# after every plugin call.
+observer: Callable[[str, str, float, bool], None] | None = None
 
 CONF_EXTENSIONS = (".conflist", ".conf", ".json")
 DEFAULT_IFNAME = "eth0"
@@ -214,13 +219,18 @@ class CniManager:
         raise CniError(f"CNI plugin {plugin_type!r} not found in {':'.join(self.bin_dirs)}", plugin=plugin_type)
 
     # --- the operations ---------------------------------------------------------------------
-    async def add(self, att: Attachment, conf: NetworkConfigList | None = None) -> Result:
-        """ADD through the whole chain; on failure, DEL everything (best effort) and raise the ADD error."""
+    async def add(self, att: Attachment, conf: NetworkConfigList | None = None, trace: Any = None) -> Result:
+        """ADD through the whole chain; on failure, DEL everything (best effort) and raise the ADD error.
+        `trace` (cri_server.trace.Trace): each plugin's ADD is a step "cni.add.<plugin type>"."""
         conf = conf or self.load()
         prev: Mapping[str, Any] | None = None
         try:
             for plugin in conf.plugins:
-                prev = await self._exec("ADD", plugin, conf, att, prev)
+                if trace is None:
+                    prev = await self._exec("ADD", plugin, conf, att, prev)
+                    continue
+                with trace.step(f"cni.add.{plugin['type']}"):
+                    prev = await self._exec("ADD", plugin, conf, att, prev)
         except CniError as e:
             log.warning("CNI ADD failed, tearing down", extra={"pod_id": att.container_id, "error": str(e)})
             try:
@@ -304,6 +314,7 @@ class CniManager:
             "CNI_PATH": os.pathsep.join(self.bin_dirs),
             "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
         }
+        t0 = time.monotonic()
         proc = await asyncio.create_subprocess_exec(path, stdin=asyncio.subprocess.PIPE,
                                                     stdout=asyncio.subprocess.PIPE,
                                                     stderr=asyncio.subprocess.PIPE, env=env)
@@ -312,10 +323,14 @@ class CniManager:
         except asyncio.TimeoutError:
             proc.kill()
             await proc.wait()
+            if observer is not None:
+                observer(command, ptype, time.monotonic() - t0, True)
             raise CniError(f"CNI plugin {ptype} {command} timed out after {self.timeout:g}s",
                            plugin=ptype, command=command) from None
         log.debug("CNI plugin ran", extra={"pod_id": att.container_id, "plugin": ptype, "command": command,
                                            "rc": proc.returncode})
+        if observer is not None:
+            observer(command, ptype, time.monotonic() - t0, proc.returncode != 0)
         if proc.returncode != 0:
             raise _plugin_error(ptype, command, out, err, proc.returncode or 0)
         if command != "ADD":

@@ -14,12 +14,12 @@ import logging
 import os
 import time
 
-from cri_server import fsutil, podfiles
+from cri_server import fsutil, podfiles, trace
 from cri_server.api.v1 import api_pb2 as pb
 from cri_server.context import Services
-from cri_server.errors import CriError, FailedPrecondition, Internal, InvalidArgument, NotFound
+from cri_server.errors import CriError, FailedPrecondition, Internal, InvalidArgument, NotFound, image_failure
 from cri_server.images.errors import ImageError
-from cri_server.rpc import events
+from cri_server.rpc import events, listing
 from cri_server.rpc.sandbox_run import _oci_config, new_id
 from cri_server.spec.builder import container_spec
 from cri_server.spec.context import ContainerContext, ImageConfig, SandboxInfo
@@ -27,6 +27,7 @@ from cri_server.store.records import ContainerRecord, ContainerState, SandboxRec
 from cri_server.store.store import container_name
 from cri_server.tasks import discard_task
 from cri_server.undo import Undo
+from cri_server.validation import check_request
 
 log = logging.getLogger(__name__)
 
@@ -76,35 +77,47 @@ def _target_pid(svc: Services, sb: SandboxRecord, config: pb.ContainerConfig) ->
 
 async def create_container(svc: Services, req: pb.CreateContainerRequest) -> pb.CreateContainerResponse:
     """CreateContainer creates a new container in the given pod sandbox; StartContainer starts it."""
+    check_request(req)
     validate(req)
+    listing.check_container_room(svc, req)
     images = svc.need_images()
     sb = svc.store.get_sandbox(req.pod_sandbox_id)
     async with svc.locks.hold(sb.id):
         sb = svc.store.get_sandbox(sb.id)
         if sb.state != SandboxState.READY:
             raise FailedPrecondition(f"pod sandbox {sb.id} is not ready")
-        image = images.get(req.config.image.image)
-        if image is None:
-            raise NotFound(f"image {req.config.image.image!r} not found: pull it first")
         cid = new_id()
-        name = container_name(req.config.metadata.name, sb, req.config.metadata.attempt)
-        svc.store.reserve_container_name(name, cid)
+        tr = trace.Trace("container", cid, f"{sb.pod_namespace}/{sb.pod_name}/{req.config.metadata.name}",
+                         svc.config.trace.slow_step_seconds)
+        try:
+            with tr.step("image"):
+                image = images.get(req.config.image.image)
+                if image is None:
+                    raise NotFound(f"image {req.config.image.image!r} not found: pull it first")
+            name = container_name(req.config.metadata.name, sb, req.config.metadata.attempt)
+            with tr.step("reserve_name"):
+                svc.store.reserve_container_name(name, cid)
+        except CriError:
+            trace.save_failed(svc.store, tr)
+            raise
         undo = Undo(cid)
         undo.push("release the name", svc.store.release_container_name, name, cid)
         try:
             async with svc.locks.hold(cid):
-                await _create(svc, req, sb, image, cid, name, undo)
+                await _create(svc, req, sb, image, cid, name, undo, tr)
             undo.discard()
         except BaseException as e:
             if not isinstance(e, (CriError, asyncio.CancelledError)):
                 log.exception("CreateContainer failed", extra={"id": cid})
             await undo.run()
+            tr.failed_with(e)
+            trace.save_failed(svc.store, tr)
             raise
     return pb.CreateContainerResponse(container_id=cid)
 
 
 async def _create(svc: Services, req: pb.CreateContainerRequest, sb: SandboxRecord, image: object, cid: str,
-                  name: str, undo: Undo) -> None:
+                  name: str, undo: Undo, tr: trace.Trace) -> None:
     from shim import ttrpc_wire as w
     config = req.config
     store = svc.store
@@ -126,7 +139,8 @@ async def _create(svc: Services, req: pb.CreateContainerRequest, sb: SandboxReco
         log_path=log_path,
         extra={"creating": True, "runtime": runtime, "bundle": bundle, "image_stop_signal": stop_signal,
                "tty": bool(config.tty), "stdin": bool(config.stdin), "stdin_once": bool(config.stdin_once)})
-    store.put_container(rec)
+    with tr.step("record"):
+        store.put_container(rec)
     undo.push("delete the record", store.delete_container, cid)
 
     os.makedirs(cdir, mode=0o711, exist_ok=True)
@@ -134,37 +148,45 @@ async def _create(svc: Services, req: pb.CreateContainerRequest, sb: SandboxReco
     if log_path:
         os.makedirs(os.path.dirname(log_path), mode=0o755, exist_ok=True)
 
-    os.makedirs(os.path.join(bundle, "rootfs"), mode=0o711, exist_ok=True)
-    undo.push("remove the bundle", fsutil.remove_tree, bundle)
-    rootfs = os.path.join(bundle, "rootfs")
-    try:
-        await images.prepare_rootfs(image.id, cid)  # type: ignore[attr-defined]
-    except ImageError as e:
-        raise Internal(f"container rootfs from {config.image.image}: {e}") from None
-    undo.push("remove the rootfs snapshot", images.remove_snapshot, cid)
-    images.mount(cid, rootfs)
-    undo.push("unmount the rootfs", fsutil.unmount_all, rootfs)
+    with tr.step("rootfs"):
+        os.makedirs(os.path.join(bundle, "rootfs"), mode=0o711, exist_ok=True)
+        undo.push("remove the bundle", fsutil.remove_tree, bundle)
+        rootfs = os.path.join(bundle, "rootfs")
+        try:
+            await images.prepare_rootfs(image.id, cid)  # type: ignore[attr-defined]
+        except ImageError as e:
+            raise image_failure(f"container rootfs from {config.image.image}: {e}", e) from None
+        undo.push("remove the rootfs snapshot", images.remove_snapshot, cid)
+        images.mount(cid, rootfs)
+        undo.push("unmount the rootfs", fsutil.unmount_all, rootfs)
 
-    ctx = ContainerContext(id=cid, config=config, sandbox_config=sandbox_config, sandbox=sandbox_info(sb),
-                           image=ImageConfig.from_oci(_oci_config(image)), rootfs=rootfs, container_dir=cdir,
-                           host=host, target_pid=_target_pid(svc, sb, config), image_name=config.image.image)
-    spec = container_spec(ctx)
-    podfiles.write_atomic(os.path.join(bundle, "config.json"), json.dumps(spec))
+    with tr.step("spec"):
+        ctx = ContainerContext(id=cid, config=config, sandbox_config=sandbox_config, sandbox=sandbox_info(sb),
+                               image=ImageConfig.from_oci(_oci_config(image)), rootfs=rootfs, container_dir=cdir,
+                               host=host, target_pid=_target_pid(svc, sb, config), image_name=config.image.image)
+        spec = container_spec(ctx)
+        podfiles.write_atomic(os.path.join(bundle, "config.json"), json.dumps(spec))
 
-    shim_pid, address = await shims.spawn(cid, bundle, runtime)
+    with tr.step("shim_spawn"):
+        shim_pid, address = await shims.spawn(cid, bundle, runtime)
     undo.push("discard the task", discard_task, svc, cid, address, runtime, shim_pid)
     opts = shims.create_options(log_path=log_path, stdin_once=bool(config.stdin_once))
-    try:
-        # Output always goes through pipes the shim reads: into the log (when there is one) and to attached
-        # clients (kubectl attach), even when the container has no log path.
-        created = await shims.call(cid, address, "Create", id=cid, bundle=bundle, terminal=bool(config.tty),
-                                   stdin="attach:" if config.stdin else "", stdout="attach:",
-                                   stderr="" if config.tty else "attach:",
-                                   options=opts)
-    except w.TtrpcError as e:
-        raise Internal(f"create container {config.metadata.name}: {e.message}") from None
+    with tr.step("runtime_create"):
+        trace.request_runtime_stages(bundle)
+        try:
+            # Output always goes through pipes the shim reads: into the log (when there is one) and to attached
+            # clients (kubectl attach), even when the container has no log path.
+            created = await shims.call(cid, address, "Create", id=cid, bundle=bundle, terminal=bool(config.tty),
+                                       stdin="attach:" if config.stdin else "", stdout="attach:",
+                                       stderr="" if config.tty else "attach:",
+                                       options=opts)
+        except w.TtrpcError as e:
+            raise Internal(f"create container {config.metadata.name}: {e.message}") from None
+        finally:
+            trace.add_runtime_stages(tr, bundle)
     extra = {k: v for k, v in rec.extra.items() if k != "creating"}
     extra["shim_pid"] = shim_pid
+    extra[trace.KEY] = tr.to_json()
     store.put_container(dataclasses.replace(rec, pid=int(created.pid), shim_address=address, extra=extra))
     svc.need_tasks().watch(cid)
     events.publish_container(svc, cid, "created")

@@ -16,6 +16,7 @@ from cri_server.errors import DeadlineExceeded, FailedPrecondition, Internal, In
 from cri_server.shims import ShimGone
 from cri_server.spec.resources import hugepage_policy, linux_resources
 from cri_server.store.records import ContainerRecord, ContainerState
+from cri_server.validation import check_request
 
 log = logging.getLogger(__name__)
 
@@ -29,8 +30,7 @@ def running_container(svc: Services, container_id: str) -> ContainerRecord:
 
 async def exec_sync(svc: Services, req: pb.ExecSyncRequest) -> pb.ExecSyncResponse:
     """ExecSync runs a command in a running container and returns its output and exit code."""
-    if not req.cmd:
-        raise InvalidArgument("cmd: must not be empty")
+    check_request(req)
     if req.timeout < 0:
         raise InvalidArgument("timeout: must not be negative")
     from shim import ttrpc_wire as w
@@ -52,6 +52,7 @@ async def exec_sync(svc: Services, req: pb.ExecSyncRequest) -> pb.ExecSyncRespon
 async def reopen_container_log(svc: Services, req: pb.ReopenContainerLogRequest) -> pb.ReopenContainerLogResponse:
     """ReopenContainerLog makes the shim reopen the log file after kubelet renamed it (rotation); the
     container must be running."""
+    check_request(req)
     from shim import ttrpc_wire as w
     rec = running_container(svc, req.container_id)
     if not rec.log_path:
@@ -69,6 +70,7 @@ async def update_container_resources(svc: Services,
                                      req: pb.UpdateContainerResourcesRequest) -> pb.UpdateContainerResourcesResponse:
     """UpdateContainerResources applies new cgroup limits to a running (or created) container at once and
     records them, so ContainerStatus reports them."""
+    check_request(req)
     from shim import ttrpc_wire as w
     from shim.pb import google
     rec = svc.store.get_container(req.container_id)

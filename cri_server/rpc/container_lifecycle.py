@@ -1,9 +1,10 @@
 """StartContainer, StopContainer and RemoveContainer.
 
-Start runs the created task; Stop sends the stop signal (the request's, else the image's, else SIGTERM) and
-SIGKILL after the timeout, returning once the exit is recorded; Remove force-stops, then deletes the task,
-the shim, the rootfs snapshot, the bundle and the record. Stop and Remove of an unknown id succeed
-(kubelet retries them).
+Start runs the created task (a task the shim says is past created, started by a Start whose husk-cri died,
+is recorded as it is and answered FAILED_PRECONDITION, never killed); Stop sends the stop signal (the
+request's, else the image's, else SIGTERM) and SIGKILL after the timeout, returning once the exit is
+recorded; Remove force-stops, then deletes the task, the shim, the rootfs snapshot, the bundle and the
+record. Stop and Remove of an unknown id succeed (kubelet retries them).
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import logging
 import signal as signals
 import time
 
-from cri_server import fsutil, signals as signames
+from cri_server import fsutil, signals as signames, trace
 from cri_server.api.v1 import api_pb2 as pb
 from cri_server.context import Services
 from cri_server.errors import FailedPrecondition, Internal
@@ -39,15 +40,27 @@ async def start_container(svc: Services, req: pb.StartContainerRequest) -> pb.St
         if sb is None or sb.state.value != "ready":
             raise FailedPrecondition(f"the pod sandbox of container {rec.id} is not ready")
         started = time.time_ns()
+        tr = trace.resume(rec.extra, "container", rec.id, f"{sb.pod_namespace}/{sb.pod_name}/{rec.container_name}",
+                          svc.config.trace.slow_step_seconds)
         try:
-            await svc.need_shims().call(rec.id, rec.shim_address, "Start", id=rec.id)
+            with tr.step("runtime_start"):
+                await svc.need_shims().call(rec.id, rec.shim_address, "Start", id=rec.id)
         except (w.TtrpcError, ShimGone) as e:
             message = e.message if isinstance(e, w.TtrpcError) else str(e)
+            if isinstance(e, w.TtrpcError) and e.code == w.FAILED_PRECONDITION:
+                # The shim's task is past created (started by a Start whose husk-cri died before recording
+                # it): the record is made true, the task left alone, and the answer names its state.
+                from cri_server.recovery import reconcile_container_now
+                cur = await reconcile_container_now(svc, rec)
+                if cur.state != ContainerState.CREATED:
+                    raise FailedPrecondition(f"container {rec.id} is {cur.state.value}, not created")
+                raise FailedPrecondition(f"container {rec.id} cannot be started: {message}")
             await svc.need_tasks().stop(rec.id, signals.SIGKILL, 0)
             cur = svc.store.get_container(rec.id)
             svc.store.put_container(dataclasses.replace(cur, state=ContainerState.EXITED, exit_code=128,
                                                         reason="StartError", message=message,
-                                                        finished_at=cur.finished_at or time.time_ns()))
+                                                        finished_at=cur.finished_at or time.time_ns(),
+                                                        extra=trace.with_trace(cur.extra, tr)))
             raise Internal(f"start container {rec.id}: {message}") from None
         cur = svc.store.get_container(rec.id)
         if cur.state == ContainerState.CREATED:
@@ -55,6 +68,7 @@ async def start_container(svc: Services, req: pb.StartContainerRequest) -> pb.St
         else:
             # It already exited (and the exit was recorded) before the Start reply arrived.
             cur = dataclasses.replace(cur, started_at=min(started, cur.finished_at or started))
+        cur = dataclasses.replace(cur, extra=trace.with_trace(cur.extra, tr))
         svc.store.put_container(cur)
         events.publish_container(svc, rec.id, "started")
     return pb.StartContainerResponse()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 from cri_server import signals as signames
+from cri_server import trace
 from cri_server.api.v1 import api_pb2 as pb
 from cri_server.context import Services
 from cri_server.rpc.listing import EncodedItems
@@ -91,7 +92,9 @@ async def container_status(svc: Services, req: pb.ContainerStatusRequest) -> pb.
     resp = pb.ContainerStatusResponse(status=to_status(r, svc.config.runtime.default_stop_signal))
     if req.verbose:
         resp.info["info"] = json.dumps({"pid": r.pid, "sandboxID": r.sandbox_id, "shimAddress": r.shim_address,
-                                        **dict(r.extra)})
+                                        **{k: v for k, v in r.extra.items() if k != trace.KEY}})
+        if trace.KEY in r.extra:
+            resp.info[trace.KEY] = json.dumps(r.extra[trace.KEY])   # the start-up trace (cri_server/trace.py)
     return resp
 
 

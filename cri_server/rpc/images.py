@@ -13,6 +13,7 @@ from cri_server.context import Services
 from cri_server.errors import CriError, InvalidArgument
 from cri_server.images.auth import AuthConfig
 from cri_server.images.errors import ImageError
+from cri_server.validation import check_request
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,7 @@ async def list_images(svc: Services, req: pb.ListImagesRequest) -> pb.ListImages
 async def image_status(svc: Services, req: pb.ImageStatusRequest) -> pb.ImageStatusResponse:
     """ImageStatus returns the image named by id, tag or digest, or no image (not an error) when absent;
     `verbose` adds its config and layers as JSON."""
+    check_request(req)
     if not req.image.image:
         raise InvalidArgument("image.image: must not be empty")
     rec = svc.need_images().get(req.image.image)
@@ -82,6 +84,7 @@ def _auth(req: pb.PullImageRequest) -> AuthConfig | None:
 async def pull_image(svc: Services, req: pb.PullImageRequest) -> pb.PullImageResponse:
     """PullImage pulls the image (with the request's credentials) and returns its id as image_ref. A
     deadline from the client cancels the pull and leaves nothing half-done."""
+    check_request(req)
     if not req.image.image:
         raise InvalidArgument("image.image: must not be empty")
     auth = _auth(req)
@@ -98,6 +101,7 @@ async def pull_image(svc: Services, req: pb.PullImageRequest) -> pb.PullImageRes
 
 async def remove_image(svc: Services, req: pb.RemoveImageRequest) -> pb.RemoveImageResponse:
     """RemoveImage removes the image with all its tags; removing an absent image succeeds."""
+    check_request(req)
     if not req.image.image:
         raise InvalidArgument("image.image: must not be empty")
     try:

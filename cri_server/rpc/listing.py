@@ -5,11 +5,21 @@ pods against 0.04 ms to decode the same response from bytes).
 Each record's list item is encoded once, as a one-item response (field tag and length included), and kept
 with the record object it came from; the store replaces a record on every change (records are frozen), so an
 item is encoded again exactly when its record changed. A response is the concatenation of its items' bytes,
-decoded in C.
+decoded in C. Items of removed records are dropped at the next response.
+
+Also the room a List response has: an unfiltered List must fit in one gRPC message (kubelet's and husk-cri's
+limit, 16 MiB), so a new object whose item would take the sum of all items past LIST_BUDGET is refused.
 """
 from __future__ import annotations
 
 from typing import Any, Callable, Iterable
+
+from cri_server.errors import ResourceExhausted
+
+MESSAGE_LIMIT = 16 << 20   # kubelet's max receive size; husk-cri's max send size (daemon.py)
+# What List*Stats adds per item (attributes, cpu, memory: < 0.5 kB) and creations racing each other (each item
+# is at most ~0.5 MiB: labels and annotations 256 KiB each) fit in the 2 MiB left.
+LIST_BUDGET = MESSAGE_LIMIT - (2 << 20)
 
 
 class EncodedItems:
@@ -32,11 +42,49 @@ class EncodedItems:
     def response(self, records: Iterable[Any], live: Callable[[], Iterable[Any]]) -> Any:
         """The response listing `records`; `live()` gives every record that exists (to drop the others)."""
         data = b"".join([self.encoded(r) for r in records])
-        if len(self._cache) > 64:
-            ids = {r.id for r in live()}
-            if len(self._cache) > 2 * len(ids) + 64:
-                self._cache = {k: v for k, v in self._cache.items() if k in ids}
+        everything = live()
+        # Every cached id was a record once: more of them than records means some are gone. Dropped at once, so
+        # a removed pod's big annotations do not stay in memory (a count is cheap: no set unless needed).
+        if len(self._cache) > len(everything):     # type: ignore[arg-type]
+            ids = {r.id for r in everything}
+            self._cache = {k: v for k, v in self._cache.items() if k in ids}
         return self.response_type.FromString(data)
+
+    def item_size(self, item: Any) -> int:
+        """The encoded size of one list item (a pb message of the response's repeated field)."""
+        return self.response_type(**{self.field: [item]}).ByteSize()
+
+    def check_room(self, records: Iterable[Any], item: Any, what: str) -> None:
+        """ResourceExhausted when listing `records` and `item` would take more than LIST_BUDGET bytes."""
+        size = self.item_size(item)
+        used = sum(len(self.encoded(r)) for r in records)
+        if used + size > LIST_BUDGET:
+            raise ResourceExhausted(
+                f"{what}: its labels and annotations ({size} bytes listed) would take the list of all "
+                f"{self.field} to {used + size} bytes, past {LIST_BUDGET} (a List response must stay under "
+                f"the {MESSAGE_LIMIT >> 20} MiB gRPC message limit)")
 
     def __len__(self) -> int:
         return len(self._cache)
+
+
+def check_sandbox_room(svc: Any, req: Any) -> None:
+    """RunPodSandbox: the new pod's ListPodSandbox item must fit next to every existing pod's."""
+    from cri_server.api.v1 import api_pb2 as pb
+    from cri_server.rpc import sandbox_status
+    c = req.config
+    item = pb.PodSandbox(id="0" * 64, metadata=c.metadata, state=pb.SANDBOX_READY, created_at=1 << 62,
+                         labels=c.labels, annotations=c.annotations, runtime_handler=req.runtime_handler)
+    sandbox_status._items.check_room(svc.store.list_sandboxes(), item, "config")
+
+
+def check_container_room(svc: Any, req: Any) -> None:
+    """CreateContainer: the new container's ListContainers item must fit next to every existing container's."""
+    from cri_server.api.v1 import api_pb2 as pb
+    from cri_server.rpc import container_status
+    c = req.config
+    digest = "sha256:" + "0" * 64
+    item = pb.Container(id="0" * 64, pod_sandbox_id="0" * 64, metadata=c.metadata,
+                        image=pb.ImageSpec(image=c.image.image), image_ref=digest, image_id=digest,
+                        state=pb.CONTAINER_CREATED, created_at=1 << 62, labels=c.labels, annotations=c.annotations)
+    container_status._items.check_room(svc.store.list_containers(), item, "config")

@@ -34,7 +34,8 @@ async def status(svc: Services, req: pb.StatusRequest) -> pb.StatusResponse:
                                         reason="" if net.ready else "NetworkPluginNotReady",
                                         message=net.message)
     handlers = [pb.RuntimeHandler(name=name, features=pb.RuntimeHandlerFeatures(
-        recursive_read_only_mounts=False, user_namespaces=False))
+        recursive_read_only_mounts=False,
+        user_namespaces=user_namespaces(_handler_runtime(svc, name), svc.config.paths.root)))
         for name in ["", *sorted(svc.config.runtime.handlers)]]
     resp = pb.StatusResponse(status=pb.RuntimeStatus(conditions=[runtime_ready, network_ready]),
                              runtime_handlers=handlers,
@@ -47,6 +48,66 @@ async def status(svc: Services, req: pb.StatusRequest) -> pb.StatusResponse:
                                        "network": net.network_name, "pod_cidr": svc.settings.pod_cidr})
         resp.info["oomScoreAdjMinimum"] = str(svc.oom.minimum)
     return resp
+
+
+_USERNS: dict[tuple[str, str], bool] = {}
+
+
+def _handler_runtime(svc: Services, name: str) -> str:
+    if not name:
+        return svc.default_runtime
+    from cri_server.context import shim_runtime
+    return shim_runtime(svc.config.runtime.handlers[name])
+
+
+def user_namespaces(runtime: str, root: str) -> bool:
+    """Pods with their own user namespace (userns_options mode POD) need idmapped mounts: true when the
+    runtime's features say so (`<runtime> features`: linux.mountExtensions.idmap.enabled, as containerd reads it;
+    husk in-process: runtime.features), husk-cri runs as root and the kernel idmaps the filesystem of husk-cri's
+    root directory (the snapshots' layers, the pod files; as critest probes it). Cached per runtime and root."""
+    key = (runtime, root)
+    if key not in _USERNS:
+        import os
+        ok, why = False, "husk-cri does not run as root"
+        if os.geteuid() == 0:
+            if runtime == "husk":
+                from runtime.features import idmap_supported
+                ok = idmap_supported()
+            else:
+                ok = _features_idmap(runtime)
+            why = f"runtime {runtime} has no idmapped mounts"
+            if ok:
+                why = _fs_idmap_refusal(root)
+                ok = not why
+        _USERNS[key] = ok
+        log.info("user namespaces for pods: %s", "supported" if ok else f"not supported: {why}",
+                 extra={"runtime": runtime})
+    return _USERNS[key]
+
+
+def _fs_idmap_refusal(root: str) -> str:
+    """"" when the kernel idmaps a bind of `root` (made if missing), else why not; in a subprocess (the probe
+    forks, which a threaded gRPC server must not)."""
+    import os
+    import subprocess
+    import sys
+    try:
+        os.makedirs(root, mode=0o711, exist_ok=True)
+        cp = subprocess.run([sys.executable, "-m", "runtime.idmap", root], capture_output=True, text=True,
+                            timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"probe: {e}"
+    return "" if cp.returncode == 0 else (cp.stdout.strip() + " " + cp.stderr.strip()).strip()
+
+
+def _features_idmap(runtime: str) -> bool:
+    import subprocess
+    try:
+        cp = subprocess.run([runtime, "features"], capture_output=True, timeout=10, text=True)
+        doc = json.loads(cp.stdout) if cp.returncode == 0 else {}
+    except (OSError, subprocess.TimeoutExpired, ValueError):
+        return False
+    return bool(((doc.get("linux") or {}).get("mountExtensions") or {}).get("idmap", {}).get("enabled"))
 
 
 async def runtime_config(svc: Services, req: pb.RuntimeConfigRequest) -> pb.RuntimeConfigResponse:

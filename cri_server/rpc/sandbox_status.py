@@ -8,10 +8,12 @@ from __future__ import annotations
 import json
 import time
 
+from cri_server import trace
 from cri_server.api.v1 import api_pb2 as pb
 from cri_server.context import Services
 from cri_server.rpc.listing import EncodedItems
 from cri_server.store.records import SandboxFilter, SandboxRecord, SandboxState
+from cri_server.validation import check_request
 
 _STATE_TO_PB = {SandboxState.READY: pb.SANDBOX_READY, SandboxState.NOTREADY: pb.SANDBOX_NOTREADY,
                 SandboxState.CREATING: pb.SANDBOX_NOTREADY}
@@ -57,7 +59,10 @@ async def pod_sandbox_status(svc: Services, req: pb.PodSandboxStatusRequest) -> 
     if req.verbose:
         resp.info["info"] = json.dumps({"pid": r.pid, "netnsPath": r.netns_path, "shimAddress": r.shim_address,
                                         "cgroupParent": r.cgroup_parent, "podDir": r.pod_dir,
-                                        "state": r.state.value, **dict(r.extra)})
+                                        "state": r.state.value,
+                                        **{k: v for k, v in r.extra.items() if k != trace.KEY}})
+        if trace.KEY in r.extra:
+            resp.info[trace.KEY] = json.dumps(r.extra[trace.KEY])   # the start-up trace (cri_server/trace.py)
     return resp
 
 
@@ -72,6 +77,7 @@ async def update_pod_sandbox_resources(svc: Services, req: pb.UpdatePodSandboxRe
                                        ) -> pb.UpdatePodSandboxResourcesResponse:
     """UpdatePodSandboxResources: kubelet has resized the pod's cgroup itself; the runtime records the new
     pod-level resources (shown by verbose PodSandboxStatus). NotFound for an unknown sandbox."""
+    check_request(req)
     import dataclasses
     from google.protobuf import json_format
     r = svc.store.get_sandbox(req.pod_sandbox_id)

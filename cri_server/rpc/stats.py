@@ -31,6 +31,7 @@ from cri_server.rpc import cgdecode
 from cri_server.shims import ShimGone
 from cri_server.store.records import ContainerFilter, ContainerRecord, ContainerState, SandboxFilter, \
     SandboxRecord, SandboxState
+from runtime.cgroups.manager import working_set
 
 log = logging.getLogger(__name__)
 
@@ -263,7 +264,7 @@ def process_counts(pid: int, tasks: int | None) -> Processes | None:
     read it."""
     from shim import cgroup_watch
     try:
-        pids = cgroup_watch.pids(cgroup_watch.paths_of(pid))
+        pids = cgroup_watch.pids(cgroup_watch.cgroup_of(pid))
     except (OSError, ValueError) as e:
         log.debug("no process counts", extra={"pid": pid, "error": str(e)})
         return None
@@ -392,7 +393,7 @@ def memory_of(m: Any) -> Memory | None:
         # v1's memsw counts memory + swap (the shim reports v2 the same way).
         swap = max(mem.swap.usage - usage, 0)
         swap_limit = max(mem.swap.limit - limit, 0) if limit and limited(mem.swap.limit) else None
-    return Memory(usage=usage, working_set=usage - inactive if usage > inactive else 0, limit=limit,
+    return Memory(usage=usage, working_set=working_set(usage, inactive), limit=limit,
                   rss=mem.total_rss or mem.rss, cache=mem.total_cache or mem.cache,
                   mapped_file=mem.total_mapped_file or mem.mapped_file,
                   page_faults=mem.total_pg_fault or mem.pg_fault,

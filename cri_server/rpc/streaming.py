@@ -15,6 +15,7 @@ from cri_server.config import ConfigError, StreamingConfig
 from cri_server.context import Services
 from cri_server.errors import CriError, FailedPrecondition, InvalidArgument, Unimplemented
 from cri_server.store.records import ContainerState, SandboxState
+from cri_server.validation import check_request
 
 log = logging.getLogger(__name__)
 
@@ -76,20 +77,21 @@ def _running(svc: Services, container_id: str) -> None:
 
 async def exec_(svc: Services, req: pb.ExecRequest) -> pb.ExecResponse:
     """Exec returns the URL at which the client runs a command in a running container interactively."""
-    if not req.cmd:
-        raise InvalidArgument("cmd: must not be empty")
+    check_request(req)
     _running(svc, req.container_id)
     return pb.ExecResponse(url=_url(svc, "get_exec_url", req))
 
 
 async def attach(svc: Services, req: pb.AttachRequest) -> pb.AttachResponse:
     """Attach returns the URL at which the client connects to a running container's stdio."""
+    check_request(req)
     _running(svc, req.container_id)
     return pb.AttachResponse(url=_url(svc, "get_attach_url", req))
 
 
 async def port_forward(svc: Services, req: pb.PortForwardRequest) -> pb.PortForwardResponse:
     """PortForward returns the URL at which the client forwards ports into a ready pod sandbox."""
+    check_request(req)
     rec = svc.store.get_sandbox(req.pod_sandbox_id)
     if rec.state != SandboxState.READY:
         raise FailedPrecondition(f"pod sandbox {rec.id} is not ready")

@@ -77,6 +77,7 @@ CONTAINER_OPTIONS: tuple[ContainerOption, ...] = (
     process.with_oom_score_adj,
     resources.with_cgroups_path,
     with_container_annotations,
+    namespaces.with_container_userns,  # after the mounts and annotations it adds to
 )
 
 SANDBOX_OPTIONS: tuple[SandboxOption, ...] = (
@@ -95,6 +96,7 @@ SANDBOX_OPTIONS: tuple[SandboxOption, ...] = (
     resources.with_sandbox_resources,
     process.with_sandbox_oom_score_adj,
     with_sandbox_annotations,
+    namespaces.with_sandbox_userns,  # after the mounts and annotations it adds to
 )
 
 

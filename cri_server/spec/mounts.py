@@ -6,6 +6,7 @@ directory and the termination message file in husk's own container directory.
 """
 from __future__ import annotations
 
+import logging
 import os
 import stat
 from typing import Any
@@ -31,6 +32,8 @@ PRIVATE_SHM = {"destination": "/dev/shm", "type": "tmpfs", "source": "shm",
 _PROPAGATION = {pb.PROPAGATION_PRIVATE: "rprivate", pb.PROPAGATION_HOST_TO_CONTAINER: "rslave",
                 pb.PROPAGATION_BIDIRECTIONAL: "rshared"}
 TERMINATION_MESSAGE_ANNOTATION = "io.kubernetes.container.terminationMessagePath"
+
+log = logging.getLogger(__name__)
 
 
 def _put_mount(spec: Spec, mount: dict[str, Any]) -> None:
@@ -131,14 +134,14 @@ def with_cri_mounts(spec: Spec, ctx: ContainerContext) -> None:
             raise invalid(f"{where}.host_path", f"{m.host_path!r} must be an absolute path")
         if m.propagation not in _PROPAGATION:
             raise invalid(f"{where}.propagation", f"unknown value {m.propagation}")
-        if m.uidMappings or m.gidMappings:
-            raise invalid(f"{where}.uidMappings", "idmapped mounts are not supported")
+        if bool(m.uidMappings) != bool(m.gidMappings):
+            raise invalid(f"{where}.uidMappings", "an idmapped volume needs both uidMappings and gidMappings")
         if m.recursive_read_only:
             if not m.readonly:
                 raise invalid(f"{where}.recursive_read_only", "requires readonly")
             if m.propagation != pb.PROPAGATION_PRIVATE:
                 raise invalid(f"{where}.recursive_read_only", "requires PROPAGATION_PRIVATE")
-        source = m.host_path
+        source = clean_host_path(m.host_path, ctx.id, where)
         if not os.path.lexists(source):
             if not ctx.make_host_dirs:
                 raise invalid(f"{where}.host_path", f"{source} does not exist")
@@ -157,8 +160,16 @@ def with_cri_mounts(spec: Spec, ctx: ContainerContext) -> None:
         options = ["rbind", _PROPAGATION[m.propagation], "ro" if m.readonly else "rw"]
         if m.recursive_read_only:
             options.append("rro")
-        entries.append({"destination": os.path.normpath(m.container_path), "type": "bind",
-                        "source": source, "options": options})
+        entry = {"destination": os.path.normpath(m.container_path), "type": "bind", "source": source,
+                 "options": options}
+        if m.uidMappings:
+            # an idmapped volume with mappings of its own (the runtime makes it: runtime/idmap.py)
+            entry["options"].append("idmap")
+            entry["uidMappings"] = [{"containerID": x.container_id, "hostID": x.host_id, "size": x.length}
+                                    for x in m.uidMappings]
+            entry["gidMappings"] = [{"containerID": x.container_id, "hostID": x.host_id, "size": x.length}
+                                    for x in m.gidMappings]
+        entries.append(entry)
         if m.propagation == pb.PROPAGATION_BIDIRECTIONAL:
             # The runtime-spec's values (its schema has no r- forms); runtimes apply them recursively.
             ensure(spec, "linux")["rootfsPropagation"] = "shared"
@@ -167,6 +178,15 @@ def with_cri_mounts(spec: Spec, ctx: ContainerContext) -> None:
             ensure(spec, "linux")["rootfsPropagation"] = "slave"
     for e in sorted(entries, key=lambda e: e["destination"].count("/")):
         _put_mount(spec, e)
+
+
+def clean_host_path(path: str, container_id: str, where: str) -> str:
+    """`path` without `.`, `..` and doubled slashes, taken lexically as kubelet means it (its paths are clean
+    already): `/a/b/../c` must not create /a/b when the directory is missing, nor follow b if it is a symlink."""
+    clean = "/" + os.path.normpath(path).lstrip("/")
+    if clean != path:
+        log.info("%s.host_path %r taken as %s", where, path, clean, extra={"id": container_id})
+    return clean
 
 
 def with_termination_message(spec: Spec, ctx: ContainerContext) -> None:

@@ -230,6 +230,15 @@ class Store:
         row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
         return row[0] if row else default
 
+    def meta_keys(self, prefix: str) -> list[str]:
+        """The meta keys starting with `prefix`, sorted."""
+        rows = self._db.execute("SELECT key FROM meta WHERE substr(key, 1, ?) = ? ORDER BY key",
+                                (len(prefix), prefix))
+        return [r[0] for r in rows]
+
+    def delete_meta(self, key: str) -> None:
+        self._db.execute("DELETE FROM meta WHERE key = ?", (key,))
+
     # --- the in-memory index -----------------------------------------------------------------
     def _index_sandbox(self, rec: SandboxRecord) -> None:
         old = self._sandboxes.get(rec.id)

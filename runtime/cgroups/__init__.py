@@ -1,6 +1,7 @@
 """Cgroup managers: `manager.py` holds the interface and the shared stats record; `v1.py` and `v2.py` implement it.
 
-This module picks the implementation the host has (`manager_for`) and resolves an OCI cgroupsPath the way
+This module picks the implementation the host has (`manager_for`; `manager_of_pid` for the cgroup a process
+is in, whichever runtime made it: the shim's view of its container) and resolves an OCI cgroupsPath the way
 runc's cgroupfs driver does (`resolve_path`); the systemd driver (`slice:prefix:name`, a transient scope made
 over D-Bus) is `systemd.py` + `systemd_dbus.py`. It imports the chosen implementation lazily.
 """
@@ -58,6 +59,35 @@ def manager_for(path: str, systemd_unit: str | None = None) -> "Manager":
     return V1Manager(path)
 
 
+def proc_cgroup(pid: int | str = "self") -> list[tuple[str, str, str]]:
+    """/proc/<pid>/cgroup as (hierarchy id, controllers, path) lines; OSError when the process is gone."""
+    with open(f"/proc/{pid}/cgroup") as f:
+        return [(hid, ctrls, p) for hid, ctrls, p in (ln.rstrip("\n").split(":", 2) for ln in f if ln.strip())]
+
+
+def manager_of_pid(pid: int) -> "Manager":
+    """The manager of the cgroup process `pid` is in, from /proc/<pid>/cgroup: on a v2 host its `0::` path; on
+    v1/hybrid hosts the path of each controller as the file names it (they may differ, e.g. under systemd).
+    Raises OSError when the process is gone, ValueError when the file names no cgroup."""
+    lines = proc_cgroup(pid)
+    if is_unified():
+        for hid, _, p in lines:
+            if hid == "0":
+                from runtime.cgroups.v2 import V2Manager
+                return V2Manager(p)
+        raise ValueError(f"/proc/{pid}/cgroup: no cgroup v2 line (0::)")
+    paths: dict[str, str] = {}
+    for hid, ctrls, p in lines:
+        for c in (ctrls.split(",") if hid != "0" else ["unified"]):
+            if c:
+                paths[c] = p
+    main = paths.get("memory") or paths.get("pids") or next(iter(paths.values()), None)
+    if main is None:
+        raise ValueError(f"/proc/{pid}/cgroup: no cgroup named")
+    from runtime.cgroups.v1 import V1Manager
+    return V1Manager(main, {c: p for c, p in paths.items() if p != main})
+
+
 def own_cgroup() -> str:
     """The calling process's cgroup, as a relative cgroupsPath is joined under it.
 
@@ -65,8 +95,7 @@ def own_cgroup() -> str:
     controller, but the Manager interface carries one path, so husk takes the path most v1 controllers agree on
     (ties broken by the order in /proc/self/cgroup).
     """
-    with open("/proc/self/cgroup") as f:
-        lines = [ln.rstrip("\n").split(":", 2) for ln in f if ln.strip()]
+    lines = proc_cgroup()
     if is_unified():
         for hid, _, p in lines:
             if hid == "0":

@@ -1,12 +1,19 @@
 """The cgroup manager interface and the stats record shared by the v1 and v2 managers.
 
-The runtime, the shim and husk-cri only ever call this interface; cgroup files are touched
-only by v1.py and v2.py. `for_config` picks the implementation the host has.
+The runtime and the shim only ever call this interface (husk-cri gets the shim's metrics); cgroup files are
+touched only by v1.py and v2.py. `runtime.cgroups.manager_for(path)` picks the implementation the host has,
+`runtime.cgroups.manager_of_pid(pid)` the one of the cgroup a process is in.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+
+def working_set(usage: int, inactive_file: int) -> int:
+    """Memory usage minus inactive file pages (the kernel can drop those), never below 0: kubelet's and
+    cAdvisor's working set, from which evictions are decided."""
+    return usage - inactive_file if usage > inactive_file else 0
 
 
 @dataclass
@@ -44,6 +51,9 @@ class MemoryStats:
     swap_usage: int = 0
     oom_events: int = 0        # times the limit was hit (v1 failcnt-based / v2 memory.events oom)
     oom_kills: int = 0         # processes killed by the OOM killer in this cgroup (memory.events oom_kill)
+    oom_kill_disable: int = 0  # v1 only (memory.oom_control)
+    under_oom: int = 0         # v1 only (memory.oom_control)
+    kernel: int = 0            # kernel memory: v1 memory.kmem.usage_in_bytes, v2 memory.stat's kernel (or parts)
     raw: dict[str, int] = field(default_factory=dict)  # memory.stat as read
     # "usage", "swap" (memory+swap, as v1 counts it), "kernel", "kernelTCP": the counters runc's events shows
     entries: dict[str, MemoryEntry] = field(default_factory=dict)
@@ -71,6 +81,9 @@ class IoStats:
     write_ios: int = 0
     # per device, by runc's names ("ioServiceBytesRecursive", "ioServicedRecursive", ...)
     entries: dict[str, list[BlkioEntry]] = field(default_factory=dict)
+    # v1 only: blkio.throttle.io_service_bytes_recursive / io_serviced_recursive per device (filled whatever
+    # the I/O scheduler, where `entries` follows runc's order and may hold BFQ's or CFQ's counters)
+    throttle: dict[str, list[BlkioEntry]] = field(default_factory=dict)
 
 
 @dataclass
@@ -107,6 +120,7 @@ class Manager(Protocol):
     """
 
     path: str  # the cgroupsPath as resolved (absolute within the hierarchy, e.g. "/husk/abc")
+    version: int  # 1 (v1 or hybrid hierarchies) or 2 (unified)
 
     def create(self) -> None:
         """Creates the cgroup (and, on v2, enables the needed controllers in every ancestor)."""
@@ -136,8 +150,14 @@ class Manager(Protocol):
         """Sends `sig` to every process in the cgroup (cgroup.kill on v2 when sig is SIGKILL)."""
 
     def oom_event_fd(self) -> int | None:
-        """A file descriptor that becomes readable when an OOM event occurs (v1: eventfd registered on
-        memory.oom_control; v2: an inotify fd on memory.events), or None if the host has no memory controller."""
+        """A non-blocking file descriptor that becomes readable when an OOM event occurs (v1: eventfd registered
+        on memory.oom_control, also readable when the cgroup is removed; v2: an inotify fd on memory.events,
+        IN_IGNORED when it is removed), or None if the cgroup has no memory controller. The caller drains it
+        (os.read) and compares oom_kills() with the count it saw before."""
+
+    def oom_kills(self) -> int | None:
+        """The cgroup's OOM kill count (v1 memory.oom_control, v2 memory.events oom_kill: hierarchical), 0
+        without a memory controller, None when the cgroup is gone."""
 
     def destroy(self) -> None:
         """Removes the cgroup directories (processes must be gone); a cgroup already gone is not an error."""

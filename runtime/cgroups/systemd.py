@@ -235,6 +235,8 @@ class SystemdManager:
     `set()` then only validates and keeps the resources; `apply` starts the unit with the pid and those
     properties, then writes the files. Afterwards `set()` changes the unit's properties and the files."""
 
+    version = 2
+
     def __init__(self, unit: Unit, container_name: str = "", new: bool = False) -> None:
         from runtime.cgroups.v2 import V2Manager
         self.unit = unit
@@ -337,3 +339,6 @@ class SystemdManager:
 
     def oom_event_fd(self) -> int | None:
         return self.fs.oom_event_fd()
+
+    def oom_kills(self) -> int | None:
+        return self.fs.oom_kills()

@@ -45,13 +45,20 @@ def hierarchies() -> dict[str, str]:
 
 
 class V1Manager:
-    """`path` is absolute within each hierarchy, e.g. "/husk/abc" -> /sys/fs/cgroup/memory/husk/abc."""
+    """`path` is absolute within each hierarchy, e.g. "/husk/abc" -> /sys/fs/cgroup/memory/husk/abc.
+    `paths`: controller -> path for the controllers whose path differs (a process's cgroup as
+    /proc/<pid>/cgroup names it, see runtime.cgroups.manager_of_pid); `hier`: controller -> mount point, read
+    from /proc/self/mountinfo when not given."""
 
-    def __init__(self, path: str) -> None:
+    version = 1
+
+    def __init__(self, path: str, paths: dict[str, str] | None = None,
+                 hier: dict[str, str] | None = None) -> None:
         if not path.startswith("/"):
             raise ValueError(f"cgroup path {path!r} is not absolute")
         self.path = path
-        self._hier: dict[str, str] | None = None
+        self.paths = paths or {}
+        self._hier = hier
 
     # --- paths ---------------------------------------------------------------------------------
     @property
@@ -64,7 +71,8 @@ class V1Manager:
         mnt = self.hier.get(controller)
         if mnt is None:
             return None
-        return mnt + self.path if self.path != "/" else mnt
+        path = self.paths.get(controller, self.path)
+        return mnt + path if path != "/" else mnt
 
     def _dirs(self) -> list[str]:
         seen: list[str] = []
@@ -400,8 +408,12 @@ class V1Manager:
         d = self.dir("memory")
         if d is None or not os.path.isdir(d):
             return None
-        efd = os.eventfd(0, os.EFD_CLOEXEC)
-        ofd = os.open(os.path.join(d, "memory.oom_control"), os.O_RDONLY | os.O_CLOEXEC)
+        efd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+        try:
+            ofd = os.open(os.path.join(d, "memory.oom_control"), os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as e:
+            os.close(efd)
+            raise SetupError(f"open {d}/memory.oom_control for OOM events: {e.strerror}") from None
         try:
             with open(os.path.join(d, "cgroup.event_control"), "w") as f:
                 f.write(f"{efd} {ofd}")
@@ -412,9 +424,16 @@ class V1Manager:
             os.close(ofd)
         return efd
 
+    def oom_kills(self) -> int | None:
+        if self.dir("memory") is None:
+            return 0
+        text = self._read("memory", "memory.oom_control")
+        return None if text is None else _oom_control(text).get("oom_kill", 0)
+
     # --- stats ---------------------------------------------------------------------------------
     def stats(self) -> "Stats":
-        from runtime.cgroups.manager import CpuStats, HugetlbStats, IoStats, MemoryStats, PidsStats, Stats
+        from runtime.cgroups.manager import (CpuStats, HugetlbStats, IoStats, MemoryStats, PidsStats, Stats,
+                                             working_set)
         s = Stats()
         cpu = CpuStats(usage_ns=self._read_int("cpuacct", "cpuacct.usage"))
         cpu.percpu_ns = [int(x) for x in (self._read("cpuacct", "cpuacct.usage_percpu") or "").split()]
@@ -449,36 +468,38 @@ class V1Manager:
         limit = self._read_int("memory", "memory.limit_in_bytes")
         if limit >= 2**62:
             limit = 0
-        inactive = raw.get("total_inactive_file", 0)
-        oom_kills = 0
-        for line in (self._read("memory", "memory.oom_control") or "").splitlines():
-            k, _, v = line.partition(" ")
-            if k == "oom_kill":
-                oom_kills = int(v)
+        oc = _oom_control(self._read("memory", "memory.oom_control") or "")
         memsw = self._read_int("memory", "memory.memsw.usage_in_bytes")
         s.memory = MemoryStats(
             usage=usage, limit=limit, max_usage=self._read_int("memory", "memory.max_usage_in_bytes"),
-            working_set=max(0, usage - inactive), rss=raw.get("total_rss", 0), cache=raw.get("total_cache", 0),
-            swap_usage=max(0, memsw - usage) if memsw else 0, oom_events=self._read_int("memory", "memory.failcnt"),
-            oom_kills=oom_kills, raw=raw)
+            working_set=working_set(usage, raw.get("total_inactive_file", 0)), rss=raw.get("total_rss", 0),
+            cache=raw.get("total_cache", 0), swap_usage=max(0, memsw - usage) if memsw else 0,
+            oom_events=self._read_int("memory", "memory.failcnt"), oom_kills=oc.get("oom_kill", 0),
+            oom_kill_disable=oc.get("oom_kill_disable", 0), under_oom=oc.get("under_oom", 0), raw=raw)
         for key, prefix in (("usage", "memory"), ("swap", "memory.memsw"), ("kernel", "memory.kmem"),
                             ("kernelTCP", "memory.kmem.tcp")):
-            if self._has("memory", f"{prefix}.limit_in_bytes"):
+            if self._has("memory", f"{prefix}.usage_in_bytes"):   # as runc: no usage file, no counter
                 s.memory.entries[key] = self._memory_entry(prefix)
+        if "kernel" in s.memory.entries:
+            s.memory.kernel = s.memory.entries["kernel"].usage
         pmax = (self._read("pids", "pids.max") or "").strip()
         s.pids = PidsStats(current=self._read_int("pids", "pids.current"),
                            limit=0 if pmax in ("", "max") else int(pmax))
         io = IoStats()
-        for name, attr in (("blkio.throttle.io_service_bytes_recursive", "bytes"),
-                           ("blkio.throttle.io_serviced_recursive", "ios")):
-            for line in (self._read("blkio", name) or "").splitlines():
-                parts = line.split()
-                if len(parts) != 3:
-                    continue
-                if parts[1] == "Read":
-                    setattr(io, f"read_{attr}", getattr(io, f"read_{attr}") + int(parts[2]))
-                elif parts[1] == "Write":
-                    setattr(io, f"write_{attr}", getattr(io, f"write_{attr}") + int(parts[2]))
+        for name, key in (("blkio.throttle.io_service_bytes_recursive", "ioServiceBytesRecursive"),
+                          ("blkio.throttle.io_serviced_recursive", "ioServicedRecursive")):
+            if self._has("blkio", name):
+                io.throttle[key] = self._blkio_file(name)
+        for e in io.throttle.get("ioServiceBytesRecursive", ()):
+            if e.op == "Read":
+                io.read_bytes += e.value
+            elif e.op == "Write":
+                io.write_bytes += e.value
+        for e in io.throttle.get("ioServicedRecursive", ()):
+            if e.op == "Read":
+                io.read_ios += e.value
+            elif e.op == "Write":
+                io.write_ios += e.value
         io.entries = self._blkio_entries()
         s.io = io
         s.cpuset = self._cpuset_stats()
@@ -520,24 +541,31 @@ class V1Manager:
     )
 
     def _blkio_entries(self) -> "dict[str, list[Any]]":
-        from runtime.cgroups.manager import BlkioEntry
         for group in self._BLKIO_GROUPS:
             if not all(self._has("blkio", name) for name, _ in group):
                 continue
             out: dict[str, list[Any]] = {}
             for name, key in group:
-                entries = []
-                for line in (self._read("blkio", name) or "").splitlines():
-                    parts = line.split()
-                    dev = parts[0].split(":") if parts else []
-                    if len(dev) != 2 or not all(x.isdigit() for x in dev) or len(parts) < 2:
-                        continue  # the "Total N" line
-                    op, value = (parts[1], parts[2]) if len(parts) == 3 else ("", parts[1])
-                    entries.append(BlkioEntry(int(dev[0]), int(dev[1]), op, int(value)))
+                entries = self._blkio_file(name)
                 if entries:
                     out[key] = entries
             return out
         return {}
+
+    def _blkio_file(self, name: str) -> "list[Any]":
+        """The per-device lines of a blkio file ("8:0 Read 4096", or "8:0 4096"); the "Total N" line and
+        malformed lines are skipped."""
+        from runtime.cgroups.manager import BlkioEntry
+        entries = []
+        for line in (self._read("blkio", name) or "").splitlines():
+            parts = line.split()
+            dev = parts[0].split(":") if parts else []
+            if len(dev) != 2 or not all(x.isdigit() for x in dev) or len(parts) not in (2, 3) \
+                    or not parts[-1].isdigit():
+                continue
+            op, value = (parts[1], parts[2]) if len(parts) == 3 else ("", parts[1])
+            entries.append(BlkioEntry(int(dev[0]), int(dev[1]), op, int(value)))
+        return entries
 
     _CPUSET_FLAGS = ("cpu_exclusive", "mem_hardwall", "mem_exclusive", "memory_migrate", "memory_spread_page",
                      "memory_spread_slab", "memory_pressure", "sched_load_balance", "sched_relax_domain_level")
@@ -554,6 +582,16 @@ class V1Manager:
             if text.lstrip("-").isdigit():
                 cs.flags[flag] = int(text)
         return cs
+
+
+def _oom_control(text: str) -> dict[str, int]:
+    """memory.oom_control ("oom_kill_disable 0\nunder_oom 0\noom_kill 2") as a dict."""
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        k, _, v = line.partition(" ")
+        if v.strip().isdigit():
+            out[k] = int(v)
+    return out
 
 
 def _id_list(text: str) -> list[int]:

@@ -15,7 +15,7 @@ from typing import Any
 
 from runtime.cgroups import v2_resources
 from runtime.cgroups.manager import (BlkioEntry, CpuStats, HugetlbStats, IoStats, MemoryEntry, MemoryStats,
-                                     PidsStats, Stats)
+                                     PidsStats, Stats, working_set)
 from runtime.errors import SetupError
 
 log = logging.getLogger(__name__)
@@ -55,6 +55,13 @@ def parse_nested_keyed(text: str) -> dict[str, dict[str, int]]:
     return out
 
 
+def kernel_memory(stat: dict[str, int]) -> int:
+    """memory.stat's kernel (Linux 5.18+); before it, the parts the kernel documents it to include."""
+    if "kernel" in stat:
+        return stat["kernel"]
+    return sum(stat.get(k, 0) for k in ("kernel_stack", "pagetables", "percpu", "vmalloc", "slab"))
+
+
 def _limit(text: str) -> int:
     text = text.strip()
     return 0 if text in ("max", "") else int(text)
@@ -70,6 +77,8 @@ def _limit_raw(text: str) -> int:
 
 class V2Manager:
     """One container's cgroup on a unified hierarchy. `path` is absolute within the hierarchy ("/husk/abc")."""
+
+    version = 2
 
     def __init__(self, path: str, mountpoint: str = "/sys/fs/cgroup") -> None:
         if not path.startswith("/") or any(part in (".", "..") for part in path.split("/")):
@@ -217,18 +226,18 @@ class V2Manager:
             raw = parse_flat_keyed(self._readf("memory.stat"))
             events = parse_flat_keyed(self._readf("memory.events"))
             usage = int(self._readf("memory.current"))
-            inactive = raw.get("inactive_file", 0)
             st.memory = MemoryStats(
                 usage=usage,
                 limit=_limit(self._readf("memory.max")),
                 max_usage=int(self._readf("memory.peak")) if self._has_file("memory.peak") else 0,
-                working_set=usage - inactive if usage > inactive else 0,
+                working_set=working_set(usage, raw.get("inactive_file", 0)),
                 rss=raw.get("anon", 0),
                 cache=raw.get("file", 0),
                 swap_usage=(int(self._readf("memory.swap.current"))
                             if self._has_file("memory.swap.current") else 0),
                 oom_events=events.get("oom", 0),
                 oom_kills=events.get("oom_kill", 0),
+                kernel=kernel_memory(raw),
                 raw=raw,
             )
             st.memory.entries["usage"] = MemoryEntry(usage=usage, max_usage=st.memory.max_usage,
@@ -351,6 +360,15 @@ class V2Manager:
             os.close(fd)
             raise SetupError(f"watch {self._file('memory.events')}: {e.strerror}") from e
         return fd
+
+    def oom_kills(self) -> int | None:
+        try:
+            text = _read(self._file("memory.events"))
+        except FileNotFoundError:
+            return None if not os.path.isdir(self.dir) else 0   # gone, or no memory controller
+        except OSError:
+            return None
+        return parse_flat_keyed(text).get("oom_kill", 0)
 
     def destroy(self, timeout: float = DESTROY_TIMEOUT) -> None:
         """Removes the cgroup and any sub-cgroups (deepest first), waiting up to `timeout` for exiting

@@ -400,6 +400,7 @@ MOUNT_ATTR_NOEXEC = 0x8
 MOUNT_ATTR_NOATIME = 0x10
 MOUNT_ATTR_STRICTATIME = 0x20
 MOUNT_ATTR_NODIRATIME = 0x80
+MOUNT_ATTR_IDMAP = 0x100000
 MOUNT_ATTR_NOSYMFOLLOW = 0x200000
 AT_EMPTY_PATH = 0x1000
 AT_RECURSIVE = 0x8000
@@ -411,9 +412,10 @@ class _MountAttr(ctypes.Structure):
 
 
 def mount_setattr(path: str | bytes, attr_set: int, attr_clr: int = 0, recursive: bool = True,
-                  dirfd: int = -100) -> None:
-    """mount_setattr(2) on `path` relative to `dirfd`; an empty path with a dirfd means the fd's own mount."""
-    attr = _MountAttr(attr_set, attr_clr, 0, 0)
+                  dirfd: int = -100, userns_fd: int = 0) -> None:
+    """mount_setattr(2) on `path` relative to `dirfd`; an empty path with a dirfd means the fd's own mount.
+    With MOUNT_ATTR_IDMAP in attr_set, `userns_fd` names the user namespace whose mappings the mount takes."""
+    attr = _MountAttr(attr_set, attr_clr, 0, userns_fd)
     flags = AT_RECURSIVE if recursive else 0
     if not path:
         flags |= AT_EMPTY_PATH
@@ -430,6 +432,19 @@ def open_tree(dirfd: int, path: str | bytes, flags: int) -> int:
     """open_tree(2): with OPEN_TREE_CLONE, an O_PATH fd on a new detached bind mount of `path`."""
     return _check(_libc.syscall(SYS_open_tree, ctypes.c_int(dirfd), _fs(path), ctypes.c_uint(flags)),
                   "open_tree", path)
+
+
+# --- move_mount (linux/mount.h): attach a detached mount (open_tree) -----------------------------------
+MOVE_MOUNT_F_EMPTY_PATH = 0x00000004
+MOVE_MOUNT_T_EMPTY_PATH = 0x00000040
+
+
+def move_mount(from_fd: int, to_fd: int, to_path: str | bytes = "") -> None:
+    """move_mount(2) of the mount `from_fd` names onto `to_path` relative to `to_fd` (or onto `to_fd` itself
+    when `to_path` is empty: no symlink on the way is followed again)."""
+    flags = MOVE_MOUNT_F_EMPTY_PATH | (0 if to_path else MOVE_MOUNT_T_EMPTY_PATH)
+    _check(_libc.syscall(SYS_move_mount, ctypes.c_int(from_fd), b"", ctypes.c_int(to_fd), _fs(to_path) or b"",
+                         ctypes.c_uint(flags)), "move_mount", to_path or f"fd {to_fd}")
 
 
 # --- keyctl: a fresh session keyring per container (runc's behaviour without --no-new-keyring)

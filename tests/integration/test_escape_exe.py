@@ -4,9 +4,9 @@ The runtime's stages that enter a container (the init, exec's processes) run the
 container's program. The ways at it tried here: opening /proc/<pid>/exe of the waiting init from a process
 exec'd into the container, a `#!/proc/self/exe` entrypoint (the container's program becomes the interpreter),
 args[0] = /proc/self/exe in `husk exec`, and /proc/<pid>/exe and /proc/<pid>/fd/* of a stage caught while it is
-still the runtime: the waiting init, and an exec's process held inside the container before its execve (the
+still the runtime: the waiting init, and an exec's stage held while it reads the container's files (the
 image's /etc/passwd is a fifo, which the stage reads to find HOME: the container itself decides when it goes on,
-so the attack is not a race). Every write must meet a read-only mount that nobody can remount or, without
+so the attack is not a race; that stage is outside the container's pid namespace, so there is nothing to see). Every write must meet a read-only mount that nobody can remount or, without
 CAP_SYS_PTRACE, a non-dumpable process; the host interpreter's bytes must be unchanged afterwards.
 """
 from __future__ import annotations
@@ -383,6 +383,7 @@ def test_exec_stage_joining_the_container_is_out_of_reach(husk, make_bundle, tmp
     result = b / "rootfs" / "result.json"
     assert result.exists(), f"the exec stage never opened the container's /etc/passwd (HOME lookup): {text}"
     res = json.loads(result.read_text())
-    assert len(res["others"]) == 1, res
-    res["fds"] = {int(k): v for k, v in res["fds"].items()}
-    _check_stage(res, ptrace=bool(caps))
+    # the stage that reads the container's files still holds the host's credentials: it does that work outside the
+    # container's pid namespace (only the process it forks afterwards joins it), so nothing in here can see it
+    # (tests/integration/test_escape_ptrace.py attacks the visible process)
+    assert res["others"] == [], res

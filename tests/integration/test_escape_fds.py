@@ -66,9 +66,14 @@ def test_created_and_running_container_holds_only_stdio(husk, make_bundle, host_
     cp = _leaky(husk, "create", "--bundle", str(b), cid, fds=host_fds)
     assert cp.returncode == 0, cp.stderr
     pid = husk.state(cid)["pid"]
-    # the waiting init (still the runtime) holds stdio and its O_PATH fd on the exec fifo, nothing of the host
+    # the waiting init (still the runtime) holds stdio and its listening start socket, nothing of the host
     held = {int(n): os.readlink(f"/proc/{pid}/fd/{n}") for n in os.listdir(f"/proc/{pid}/fd")}
-    assert set(held) - {0, 1, 2} and all(v.endswith("exec.fifo") for k, v in held.items() if k > 2), held
+    with open("/proc/net/unix") as f:  # the start socket was made in the runtime's (the host's) netns
+        bound = {line.split()[6]: line.split()[7] for line in f if len(line.split()) == 8}
+    assert set(held) - {0, 1, 2}, held
+    for k, v in held.items():
+        if k > 2:
+            assert v.startswith("socket:[") and bound.get(v[8:-1], "").endswith(f"/{cid}/exec.sock"), (held, v)
     husk("start", cid)
     assert sorted(int(n) for n in os.listdir(f"/proc/{pid}/fd")) == [0, 1, 2]
 

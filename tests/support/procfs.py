@@ -12,3 +12,23 @@ def args(pid: int) -> str:
     """The command line as `ps -o args` and `pgrep -f` see it: NULs as spaces, trailing ones dropped."""
     with open(f"/proc/{pid}/cmdline", "rb") as f:
         return f.read().rstrip(b"\0").replace(b"\0", b" ").decode()
+
+
+def open_files_under(root: str, ignore: tuple[str, ...] = ()) -> list[str]:
+    """`pid N: path` for every file under `root` some process holds open (as `lsof +D` would list them), but
+    paths containing one of `ignore`; a removed file shows as `path (deleted)`."""
+    import os
+    out = []
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith(root + "/") and not any(x in target for x in ignore):
+                out.append(f"pid {pid}: {target}")
+    return out

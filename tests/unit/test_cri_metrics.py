@@ -21,6 +21,8 @@ from cri_server.oom import OomScorePolicy
 from cri_server.rpc import metrics, stats
 from cri_server.store.records import ContainerRecord, ContainerState, SandboxRecord, SandboxState
 from cri_server.store.store import Store
+from runtime.cgroups.v1 import V1Manager
+from runtime.cgroups.v2 import V2Manager
 from shim import cgroup_watch
 from shim.pb import cgroups_v1 as cg
 
@@ -351,7 +353,7 @@ def test_shim_v1_memsw_and_blkio(tmp_path):
                  "memory.kmem.max_usage_in_bytes": "50\n", "memory.kmem.failcnt": "0\n"})
     _write(blk, {"blkio.throttle.io_service_bytes_recursive": "8:0 Read 4096\n8:0 Write 512\n8:0 Sync 0\nTotal 4608\n",
                  "blkio.throttle.io_serviced_recursive": "8:0 Read 2\n8:0 Write 1\nTotal 3\n"})
-    m = cgroup_watch.metrics(cgroup_watch.CgroupPaths(v1={"memory": str(mem), "blkio": str(blk)}))
+    m = cgroup_watch.metrics(V1Manager("/", hier={"memory": str(mem), "blkio": str(blk)}))
     assert (m.memory.usage.usage, m.memory.usage.max, m.memory.usage.failcnt) == (100, 150, 2)
     assert (m.memory.swap.usage, m.memory.swap.limit) == (130, 300)
     assert (m.memory.kernel.usage, stats.memory_of(m).kernel) == (40, 40)
@@ -361,7 +363,7 @@ def test_shim_v1_memsw_and_blkio(tmp_path):
     assert (f.swap, f.swap_limit, f.swap_available) == (30, 100, 70)
     # Without swap accounting there is no swap figure.
     os.unlink(mem / "memory.memsw.usage_in_bytes")
-    m = cgroup_watch.metrics(cgroup_watch.CgroupPaths(v1={"memory": str(mem)}))
+    m = cgroup_watch.metrics(V1Manager("/", hier={"memory": str(mem)}))
     assert m.memory.swap is None and stats.memory_of(m).swap is None and m.blkio is None
 
 
@@ -371,7 +373,7 @@ def test_shim_v2_swap_peak_and_io(tmp_path):
                       "memory.events": "oom_kill 2\n", "memory.swap.current": "25\n", "memory.swap.max": "max\n",
                       "cpu.stat": "usage_usec 10\n",
                       "io.stat": "8:0 rbytes=4096 wbytes=512 rios=2 wios=1 dbytes=0 dios=0\n"})
-    m = cgroup_watch.metrics(cgroup_watch.CgroupPaths(v2=str(tmp_path)))
+    m = cgroup_watch.metrics(V2Manager("/", str(tmp_path)))
     assert (m.memory.usage.usage, m.memory.usage.max) == (100, 120)
     assert (m.memory.swap.usage, m.memory.swap.limit) == (125, 0)       # memory + swap; no swap limit
     f = stats.memory_of(m)
@@ -381,11 +383,11 @@ def test_shim_v2_swap_peak_and_io(tmp_path):
     assert m.memory_oom_control.oom_kill == 2
     assert m.memory.kernel.usage == 0 and f.kernel == 0       # no kernel counters in this memory.stat
     (tmp_path / "memory.stat").write_text("anon 7\nkernel_stack 16\npagetables 8\nslab 100\nsock 3\n")
-    assert stats.memory_of(cgroup_watch.metrics(cgroup_watch.CgroupPaths(v2=str(tmp_path)))).kernel == 124
+    assert stats.memory_of(cgroup_watch.metrics(V2Manager("/", str(tmp_path)))).kernel == 124
     (tmp_path / "memory.stat").write_text("anon 7\nkernel 300\nkernel_stack 16\nslab 100\n")
-    assert stats.memory_of(cgroup_watch.metrics(cgroup_watch.CgroupPaths(v2=str(tmp_path)))).kernel == 300
+    assert stats.memory_of(cgroup_watch.metrics(V2Manager("/", str(tmp_path)))).kernel == 300
     (tmp_path / "memory.swap.max").write_text("0\n")                    # swap off for this cgroup
-    f = stats.memory_of(cgroup_watch.metrics(cgroup_watch.CgroupPaths(v2=str(tmp_path))))
+    f = stats.memory_of(cgroup_watch.metrics(V2Manager("/", str(tmp_path))))
     assert (f.swap_limit, f.swap_available) == (0, 0)
 
 

@@ -138,12 +138,14 @@ def test_seccomp_actions_listed_iff_accepted() -> None:
 
 
 def test_refused_features_are_reported_disabled() -> None:
-    raw = base()
+    raw = base()  # an idmapped mount needs both mappings
     raw["mounts"] = [{"destination": "/m", "type": "bind", "source": "/", "options": ["bind"],
                       "uidMappings": [{"containerID": 0, "hostID": 1, "size": 1}]}]
     with pytest.raises(ConfigError):
         check(raw)
-    assert DOC["linux"]["mountExtensions"]["idmap"]["enabled"] is False
+    raw["mounts"][0]["gidMappings"] = raw["mounts"][0]["uidMappings"]
+    check(raw)
+    assert DOC["linux"]["mountExtensions"]["idmap"]["enabled"] is True
     raw = base()
     raw["linux"]["intelRdt"] = {"closID": "x"}
     with pytest.raises(ConfigError):

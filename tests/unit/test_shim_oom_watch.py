@@ -1,4 +1,5 @@
-"""The shim's OOM watcher on cgroup v2 when the container's cgroup vanishes before the exit is handled.
+"""The shim's OOM watcher on cgroup v2: woken by inotify on memory.events, and when the container's cgroup
+vanishes before the exit is handled.
 
 systemd removes a transient scope's cgroup as soon as its last process is gone, so under the systemd cgroup
 driver the init's exit can be handled after memory.events is gone (seen in the node guest: a memory hog reported
@@ -6,20 +7,27 @@ driver the init's exit can be handled after memory.events is gone (seen in the n
 """
 from __future__ import annotations
 
+import select
 import shutil
 from pathlib import Path
 
 import pytest
 
+from runtime.cgroups.v2 import V2Manager
 from shim import cgroup_watch
 
 
 class FakeLoop:
-    def __init__(self) -> None:
-        self.timers: list = []
+    """The readers the watcher registers (shim.loop.Loop's interface); nothing polls on a timer any more."""
 
-    def call_later(self, delay: float, fn) -> None:
-        self.timers.append((delay, fn))
+    def __init__(self) -> None:
+        self.readers: dict = {}
+
+    def add_reader(self, fd: int, cb) -> None:
+        self.readers[fd] = cb
+
+    def remove(self, fd: int) -> None:
+        del self.readers[fd]
 
 
 def _events(d: Path, oom_kill: int) -> None:
@@ -30,19 +38,47 @@ def _events(d: Path, oom_kill: int) -> None:
 @pytest.fixture
 def tree(tmp_path, monkeypatch):
     root = tmp_path / "cgroup"
-    monkeypatch.setattr(cgroup_watch, "CGROUP_ROOT", str(root))
     pod = root / "kubepods.slice" / "kubepods-pod1.slice"
     scope = pod / "husk-c1.scope"
     _events(pod, 2)          # a sibling's earlier kills
     _events(scope, 0)
+    (scope / "cgroup.procs").write_text("")
     return pod, scope
+
+
+_watchers: list[cgroup_watch.OomWatcher] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_watchers():
+    yield
+    while _watchers:
+        _watchers.pop().close()
 
 
 def _watch(scope: Path) -> tuple[cgroup_watch.OomWatcher, list[int]]:
     seen: list[int] = []
-    w = cgroup_watch.OomWatcher(FakeLoop(), cgroup_watch.CgroupPaths(v1={}, v2=str(scope)),
+    root = next(p for p in scope.parents if p.name == "cgroup")
+    w = cgroup_watch.OomWatcher(FakeLoop(), V2Manager("/" + str(scope.relative_to(root)), str(root)),
                                 lambda: seen.append(1))
+    _watchers.append(w)
     return w, seen
+
+
+def test_a_kill_wakes_the_inotify_watch(tree):
+    """No timer: the manager's inotify fd on memory.events is in the loop and reports the kill."""
+    pod, scope = tree
+    w, seen = _watch(scope)
+    assert list(w.loop.readers) == [w.fd]
+    _events(scope, 1)
+    assert select.select([w.fd], [], [], 10)[0] == [w.fd]
+    w.loop.readers[w.fd]()
+    assert seen == [1] and w.fd >= 0                  # still watching: the cgroup is there
+    assert select.select([w.fd], [], [], 0)[0] == []  # drained
+    shutil.rmtree(scope)                              # IN_IGNORED: the watch ends with the cgroup
+    assert select.select([w.fd], [], [], 10)[0] == [w.fd]
+    w.loop.readers[w.fd]()
+    assert w.fd == -1 and w.loop.readers == {} and seen == [1]
 
 
 def test_kill_seen_in_own_cgroup(tree):
@@ -79,11 +115,10 @@ def test_a_kill_already_counted_is_not_counted_again_from_the_parent(tree):
     assert not w.check() and seen == [1]
 
 
-def test_top_level_cgroup_has_no_parent_fallback(tmp_path, monkeypatch):
+def test_top_level_cgroup_has_no_parent_fallback(tmp_path):
     root = tmp_path / "cgroup"
-    monkeypatch.setattr(cgroup_watch, "CGROUP_ROOT", str(root))
     _events(root / "c1", 0)
     w, seen = _watch(root / "c1")
-    assert w.parent == ""
+    assert w.parent is None
     shutil.rmtree(root / "c1")
     assert not w.check() and seen == []

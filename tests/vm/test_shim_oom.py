@@ -1,4 +1,4 @@
-"""The shim's OOM watcher on the host's cgroups (v2: memory.events polled; v1: the eventfd): a container killed
+"""The shim's OOM watcher on the host's cgroups (v2: inotify on memory.events; v1: the eventfd): a container killed
 over its memory limit gives containerd a TaskOOM event before TaskExit, and the exit is recorded as OOM-killed.
 Driven through husk-shim with husk (in-process) and with runc, as containerd would."""
 from __future__ import annotations

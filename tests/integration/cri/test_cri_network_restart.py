@@ -148,9 +148,15 @@ def test_sigterm_leaves_pods_running(cri):
     pod_id = run_pod(rt, pod)
     cid = start_container(rt, pod_id, pod, container_config("c", ["sleep", "3600"]))
     shims = sorted(cri.shim_pids())
-    cri.stop()
+    log_start = len(cri.log())
+    cri.stop()  # SIGTERM with no RPC in flight
     assert cri.proc.returncode == 0
     assert sorted(cri.shim_pids()) == shims and len(shims) == 2
+    # Every close ran (gRPC server, shims' connections, databases) before the process ended without the
+    # interpreter's teardown (issue 19 item 5a: cri_server/daemon.py run_loop and exit_now).
+    stop_log = cri.log()[log_start:]
+    assert "husk-cri stopping" in stop_log and stop_log.count("husk-cri stopped") == 1, stop_log
+    assert "Traceback" not in stop_log, stop_log
     cri.start()
     rt = cri.runtime_stub()
     assert status(rt, cid).state == pb.CONTAINER_RUNNING
