@@ -244,7 +244,8 @@ def _wait_gone(rec: st.Record, timeout: float = 10.0) -> None:
     except ProcessLookupError:
         return
     try:
-        if st.proc_stat(rec.pid) is None or st.proc_stat(rec.pid)[1] != rec.pid_start:  # type: ignore[index]
+        stat = st.proc_stat(rec.pid)   # read once: the process may be reaped between two reads
+        if stat is None or stat[1] != rec.pid_start:
             return
         ready, _, _ = select.select([pidfd], [], [], timeout)
         if not ready:
