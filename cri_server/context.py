@@ -48,7 +48,7 @@ class Services:
     locks: KeyedLocks = field(default_factory=KeyedLocks)
     default_runtime: str = "runc"             # what the shim runs for the default handler ("husk" = in-process)
 
-    # --- the parts phase 2 added, checked where they are needed ------------------------------
+    # --- the optional parts, checked where they are needed ----------------------------------
     def need_images(self) -> "ImageService":
         if self.images is None:
             raise FailedPrecondition("the image service is not running")

@@ -80,7 +80,7 @@ def protect_interpreter() -> str:
 def set_process_name() -> None:
     """comm "husk-cri" (it was "python3", or the protected interpreter's name after the re-exec), so that
     `pgrep -x husk-cri` / `pkill -x husk-cri` find the daemon alone: its spawner is "husk-cri-spawne" and
-    its shims "husk-shim" (shim/proctitle.py). The command line stays (it shows the flags). Before threads."""
+    its shims "husk-shim" (runtime/linux/proctitle.py). The command line stays (it shows the flags). Before threads."""
     from runtime.linux import syscalls as sc
     try:
         sc.set_name("husk-cri")
@@ -208,8 +208,11 @@ async def serve(config: Config, policy: oom.OomScorePolicy, spawner: Any = None,
                           systemd_cgroup=config.runtime.systemd_cgroup),
         host=HostInfo.detect(policy, config.runtime.systemd_cgroup,
                              config.runtime.tolerate_missing_hugetlb_controller), default_runtime=runtime)
-    services.tasks = TaskMonitor(services)
-    await recovery.recover(services)
+    from cri_server.rpc import events as rpc_events
+    from cri_server.rpc.container_lifecycle import remove_locked
+    from cri_server.rpc.sandbox_stop import remove_sandbox_locked
+    services.tasks = TaskMonitor(services, on_stopped=lambda object_id: rpc_events.publish_stopped(services, object_id))
+    await recovery.recover(services, remove_locked=remove_locked, remove_sandbox_locked=remove_sandbox_locked)
     services.streaming = make_server(services, tls)
     if services.streaming is not None:
         await services.streaming.start()

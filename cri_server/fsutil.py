@@ -10,8 +10,8 @@ import logging
 import os
 import shutil
 
+from runtime import mountinfo
 from runtime.linux import syscalls
-from runtime.mountinfo import unescape
 
 log = logging.getLogger(__name__)
 
@@ -19,16 +19,8 @@ log = logging.getLogger(__name__)
 def mounts_under(path: str) -> list[str]:
     """Mount points at or below `path`, deepest first."""
     path = os.path.realpath(path).rstrip("/") or "/"
-    out = []
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            parts = line.split()
-            if len(parts) < 5:
-                continue
-            mnt = unescape(parts[4])
-            if mnt == path or mnt.startswith(path + "/"):
-                out.append(mnt)
-    return sorted(set(out), key=lambda p: p.count("/"), reverse=True)
+    out = {m.point for m in mountinfo.mounts_under(path)}
+    return sorted(out, key=lambda p: p.count("/"), reverse=True)
 
 
 def unmount_all(path: str) -> None:

@@ -16,13 +16,14 @@ import os
 import sqlite3
 import sys
 import time
-import urllib.parse
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import IO, Any, Callable, Iterable, Iterator
 
+from cri_server.store import sqlitedb
 from cri_server.store.records import ContainerRecord, ContainerState, SandboxRecord, SandboxState
+from cri_server.store.store import records_from_connection
 
 log = logging.getLogger(__name__)
 
@@ -52,13 +53,9 @@ def open_store_readonly(db_path: str, timeout: float = STORE_TIMEOUT) -> sqlite3
         raise OfflineError(f"{db_path}: no metadata database here (wrong --root or --config?)")
     if not os.access(db_path, os.R_OK):
         raise OfflineError(f"{db_path}: not readable (run as root)")
-    in_use = os.path.exists(db_path + "-wal") and os.path.exists(db_path + "-shm")
-    uri = f"file:{urllib.parse.quote(os.path.abspath(db_path))}?mode=ro" + ("" if in_use else "&immutable=1")
     try:
-        db = sqlite3.connect(uri, uri=True, timeout=timeout, isolation_level=None, check_same_thread=False)
-        db.row_factory = sqlite3.Row
-        db.execute("PRAGMA query_only=ON")
-    except sqlite3.Error as e:
+        db = sqlitedb.open_readonly(db_path, busy_timeout=timeout)
+    except (sqlite3.Error, FileNotFoundError) as e:
         raise OfflineError(f"{db_path}: cannot open read-only: {e}") from None
     return db
 
@@ -74,30 +71,29 @@ class Snapshot:
         return next((s for s in self.sandboxes if s.id == sandbox_id), None)
 
 
-def _records(db: sqlite3.Connection, table: str, cls: type, state_type: type) -> list[Any]:
-    from cri_server.store import store as st
-    cols_all = st._SANDBOX_COLS if cls is SandboxRecord else st._CONTAINER_COLS
-    out = []
-    for row in db.execute(f"SELECT * FROM {table}"):
-        # Columns a newer or older husk-cri does not have keep the record's default.
-        cols = [c for c in cols_all if c in row.keys()]
-        out.append(st._from_row(cls, cols, row, state_type))
-    return out
-
-
 def read_records(db_path: str, timeout: float = STORE_TIMEOUT) -> Snapshot:
-    """Every sandbox and container record, read in one read transaction (open_store_readonly's rules)."""
-    db = open_store_readonly(db_path, timeout)
-    try:
-        db.execute("BEGIN")
-        sandboxes = _records(db, "sandboxes", SandboxRecord, SandboxState)
-        containers = _records(db, "containers", ContainerRecord, ContainerState)
-        db.execute("COMMIT")
-    except sqlite3.Error as e:
-        raise OfflineError(f"{db_path}: cannot read: {e}") from None
-    finally:
-        db.close()
-    return Snapshot(db_path, sandboxes, containers)
+    """Every sandbox and container record, read in one read transaction (open_store_readonly's rules).
+
+    A file opened `immutable` (husk-cri was not running) is read again as an ordinary WAL reader if husk-cri
+    opened it meanwhile (its `-wal` appeared): an immutable reader takes no lock and could see a torn write.
+    """
+    for attempt in (1, 2):
+        was_in_use = sqlitedb.in_use(db_path)
+        db = open_store_readonly(db_path, timeout)
+        try:
+            db.execute("BEGIN")
+            recs = records_from_connection(db)     # columns a newer or older husk-cri lacks keep their default
+            db.execute("COMMIT")
+        except sqlite3.Error as e:
+            if attempt == 1 and not was_in_use and sqlitedb.in_use(db_path):
+                continue
+            raise OfflineError(f"{db_path}: cannot read: {e}") from None
+        finally:
+            db.close()
+        if attempt == 1 and not was_in_use and sqlitedb.in_use(db_path):
+            continue
+        return Snapshot(db_path, recs.sandboxes, recs.containers)
+    raise OfflineError(f"{db_path}: husk-cri started while the store was read; try again")
 
 
 def resolve(snap: Snapshot, id_or_prefix: str) -> SandboxRecord | ContainerRecord:
@@ -145,13 +141,10 @@ def probe(state_dir: str, object_id: str, address: str, timeout: float = SHIM_TI
         return Live("store")
     from shim import exitfile
     from shim import ttrpc_wire as w
-    from shim.client import TASK_SERVICE
-    from shim.pb import task as taskpb
+    from shim.client import call_task_once
     from shim.pb.task_types import Status
-    from shim.ttrpc_call import call_once
     try:
-        resp = call_once(address, TASK_SERVICE, "State", taskpb.StateRequest(id=object_id), taskpb.StateResponse,
-                         timeout=timeout)
+        resp = call_task_once(address, "State", timeout=timeout, id=object_id)
     except (OSError, ConnectionError, w.TtrpcError) as e:
         why = "no answer in %.1fs (hung?)" % timeout if isinstance(e, TimeoutError) else str(e)
         rec = exitfile.read(shim_dir(state_dir, object_id))

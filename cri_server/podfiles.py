@@ -1,14 +1,12 @@
 """The files a pod's containers share: /etc/resolv.conf from the CRI DNSConfig, /etc/hosts, /etc/hostname.
 
-Renders and writes them atomically into the pod's directory; RunPodSandbox (phase 2) bind-mounts them.
+Renders and writes them atomically into the pod's directory; RunPodSandbox bind-mounts them.
 """
 from __future__ import annotations
 
-import os
-import tempfile
-
 from cri_server.api.v1 import api_pb2 as pb
 from cri_server.errors import InvalidArgument
+from runtime.fsutil import atomic_write
 
 HOST_RESOLV_CONF = "/etc/resolv.conf"
 
@@ -47,14 +45,6 @@ def hostname_file(hostname: str) -> str:
 
 
 def write_atomic(path: str, content: str, mode: int = 0o644) -> None:
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(content)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.rename(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    # the file is fsync'd, its directory not (~1.6 ms per file on ext4, on the pod start path): pods and their
+    # files are made again after a reboot, and a lost rename leaves the old file or none, never a torn one
+    atomic_write(path, content, mode=mode, sync_dir=False)

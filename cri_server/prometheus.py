@@ -188,7 +188,8 @@ def take_snapshot(services: Any) -> Snapshot:
         if c.shim_address and c.extra.get("shim_pid"):
             pids.append(int(c.extra["shim_pid"]))
     spawner = getattr(services.shims, "spawner", None) if services.shims is not None else None
-    return Snapshot(pods, containers, tuple(pids), int(getattr(spawner, "pid", 0) or 0))
+    # A pod's sandbox and containers share one shim: each process once.
+    return Snapshot(pods, containers, tuple(dict.fromkeys(pids)), int(getattr(spawner, "pid", 0) or 0))
 
 
 def snapshot_from_loop(loop: asyncio.AbstractEventLoop, services: Any) -> Callable[[], Snapshot | None]:
@@ -246,7 +247,7 @@ class StateCollector(Collector):
             containers.add_metric([cs.value], snap.containers.get(cs.value, 0))
         yield containers
         sizes = [p for p in map(self._pss, snap.shim_pids) if p is not None]
-        yield GaugeMetricFamily("husk_cri_shims", "Running shims (one per sandbox and per container with a task)",
+        yield GaugeMetricFamily("husk_cri_shims", "Running shims (one per pod: its sandbox and containers)",
                                 value=len(sizes))
         yield GaugeMetricFamily("husk_cri_shims_pss_bytes", "Proportional set size of all shims together "
                                 "(/proc/<pid>/smaps_rollup)", value=sum(sizes))

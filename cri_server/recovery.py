@@ -8,6 +8,8 @@ stopped records the exit (code and time from the shim, or from its durable exit 
 gone); no shim and no exit file is EXITED with exit code 255, reason Unknown (a sandbox: NotReady), and the
 runtime force-deletes what may still run. Reconciled records are persisted before the gRPC server accepts
 calls; live tasks are watched again. A ready sandbox whose network namespace vanished is NotReady.
+A pod's tasks share the sandbox's shim (records made before that have a shim per container: both recover
+the same way, each task asked at its record's address); a shim ends once no record's task is left in it.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
+from typing import Any, Awaitable, Callable
 
 from cri_server.context import Services
 from cri_server.network import netns
@@ -144,16 +147,18 @@ async def reconcile_container_now(svc: Services, rec: ContainerRecord) -> Contai
     return new
 
 
-async def recover(svc: Services) -> None:
+async def recover(svc: Services, *, remove_locked: Callable[[Services, str], Awaitable[Any]],
+                  remove_sandbox_locked: Callable[[Services, str], Awaitable[Any]]) -> None:
+    """remove_locked / remove_sandbox_locked remove a container / sandbox whose creation was interrupted
+    (the RPC layer's removal, passed in so that this module does not import the RPC handlers)."""
     store = svc.store
     shims = svc.need_shims()
     tasks = svc.need_tasks()
-    from cri_server.rpc.container_lifecycle import remove_locked
-    from cri_server.rpc.sandbox_stop import remove_sandbox_locked
 
     for c in [c for c in store.list_containers() if c.extra.get("creating")]:
         log.warning("removing a container whose creation was interrupted", extra={"id": c.id})
-        await _discard_by_socket(svc, c.id, c.extra.get("runtime", ""))
+        sb = store.find_sandbox(c.sandbox_id)
+        await _discard_by_socket(svc, c.id, c.extra.get("runtime", ""), sb.shim_address if sb is not None else "")
         async with svc.locks.hold(c.id):
             await remove_locked(svc, c.id)
     for s in [s for s in store.list_sandboxes() if s.state == SandboxState.CREATING]:
@@ -179,8 +184,10 @@ async def recover(svc: Services) -> None:
             tasks.watch(c.id)
             watched += 1
     # Shims nobody refers to (husk-cri died between recording an exit and ending the shim).
+    addresses = [r.shim_address for r in (*store.list_sandboxes(), *store.list_containers()) if r.shim_address]
     known = {s.id for s in store.list_sandboxes() if s.shim_address} | \
-        {c.id for c in store.list_containers() if c.shim_address}
+        {c.id for c in store.list_containers() if c.shim_address} | \
+        {os.path.basename(d) for d in map(shims.shim_dir, addresses) if d}
     try:
         leftovers = [d for d in os.listdir(shims.base) if d not in known]
     except FileNotFoundError:
@@ -236,11 +243,15 @@ async def _reconcile_all(svc: Services) -> None:
         await discard_task(svc, oid, address, runtime, shim_pid)
 
 
-async def _discard_by_socket(svc: Services, object_id: str, runtime: str) -> None:
-    """A half-made object's shim, if it got as far as starting one (its socket path is fixed by its id)."""
+async def _discard_by_socket(svc: Services, object_id: str, runtime: str, pod_shim: str = "") -> None:
+    """A half-made object's task and shim, if it got as far as making them: its own shim (a sandbox, or a
+    container from before shims were grouped: the socket path is fixed by its id), else its task in the pod's
+    shim at `pod_shim` (a container; NotFound there is fine, the shim stays for the pod)."""
     shims = svc.need_shims()
     sock = shims.paths(object_id).socket
     if os.path.exists(sock):
         await discard_task(svc, object_id, f"unix://{sock}", runtime)
+    elif pod_shim:
+        await discard_task(svc, object_id, pod_shim, runtime)
     else:
         await shims.shutdown(object_id, "")

@@ -1,8 +1,11 @@
-"""husk-cri's side of the shims: starting one per sandbox or container, where it lives, talking to it.
+"""husk-cri's side of the shims: starting one per pod sandbox, where it lives, talking to it.
 
-Owns the shim directory layout under the run dir (<state>/shims/<id>/: socket, exit files, shim log) and one
-asyncio ttrpc client per live shim. Shims are forked by the spawner (zygote) started before gRPC; without
-one (tests, or a zygote that died) a fresh `husk-shim start` process is used. Decides nothing about pods.
+Owns the shim directory layout under the run dir (<state>/shims/<id>/: the task's exit files and attach
+sockets; for the shim's first task, a sandbox, also the socket and the shim log) and one asyncio ttrpc
+client per live shim (keyed by its address: the tasks of a pod share it). Shims are forked by the spawner
+(zygote) started before gRPC; without one (tests, or a zygote that died) a fresh `husk-shim start` process
+is used. Which tasks share a shim is the caller's (cri_server.tasks): this module decides nothing about pods.
+Records made before shims were grouped have a shim per container: they work the same (one task, own socket).
 """
 from __future__ import annotations
 
@@ -42,7 +45,7 @@ class ShimManager:
         self.systemd_cgroup = systemd_cgroup
         self.spawner = spawner
         self.debug = debug
-        self._clients: dict[str, Any] = {}
+        self._clients: dict[str, Any] = {}           # by shim address
         self._connecting: dict[str, asyncio.Future[Any]] = {}
         os.makedirs(self.base, mode=0o711, exist_ok=True)
 
@@ -56,6 +59,18 @@ class ShimManager:
     def paths(self, object_id: str) -> ShimPaths:
         d = os.path.join(self.base, object_id)
         return ShimPaths(d, os.path.join(d, "shim.sock"), os.path.join(d, "shim.log"))
+
+    def task_dir(self, object_id: str) -> str:
+        """The state dir of a task grouped into another object's shim (made here; the shim fills it)."""
+        d = self.paths(object_id).dir
+        os.makedirs(d, mode=0o711, exist_ok=True)
+        return d
+
+    def shim_dir(self, address: str) -> str:
+        """The directory of the shim listening at `address` if it is one of ours, else ""."""
+        path = address[len("unix://"):] if address.startswith("unix://") else address
+        d = os.path.dirname(path)
+        return d if path and os.path.dirname(d) == self.base else ""
 
     def create_options(self, **fields: Any) -> Any:
         """The options of a task Create (husk.shim.v1.CreateOptions as a google.protobuf.Any): `fields` plus
@@ -108,22 +123,23 @@ class ShimManager:
 
     # --- clients ----------------------------------------------------------------------------
     async def client(self, object_id: str, address: str) -> Any:
-        """The (cached) connection to the shim of `object_id`; ShimGone when nobody answers there."""
-        c = self._clients.get(object_id)
-        if c is not None and not c._task.done():
+        """The (cached) connection to the shim at `address` (serving `object_id`); ShimGone when nobody
+        answers there."""
+        c = self._clients.get(address)
+        if c is not None and not c.closed:
             return c
-        fut = self._connecting.get(object_id)
+        fut = self._connecting.get(address)
         if fut is not None:
             return await asyncio.shield(fut)
         fut = asyncio.get_running_loop().create_future()
-        self._connecting[object_id] = fut
+        self._connecting[address] = fut
         try:
             from shim.client import AsyncTtrpcClient
             try:
                 c = await AsyncTtrpcClient.connect(address)
             except OSError as e:
                 raise ShimGone(f"shim of {object_id} at {address}: {e.strerror or e}") from None
-            self._clients[object_id] = c
+            self._clients[address] = c
             fut.set_result(c)
             return c
         except BaseException as e:
@@ -131,7 +147,7 @@ class ShimManager:
             fut.exception()  # retrieved: waiters get it through shield
             raise
         finally:
-            del self._connecting[object_id]
+            del self._connecting[address]
 
     async def call(self, object_id: str, address: str, method: str, timeout: float | None = 60.0,
                    **fields: Any) -> Any:
@@ -141,7 +157,7 @@ class ShimManager:
             try:
                 return await c.task(method, timeout=timeout, **fields)
             except ConnectionError as e:
-                await self.forget(object_id)
+                await self.forget(address, c)
                 if attempt:
                     raise ShimGone(f"shim of {object_id}: {e}") from None
         raise AssertionError("unreachable")
@@ -152,11 +168,16 @@ class ShimManager:
         try:
             return await c.husk(method, timeout=timeout, **fields)
         except ConnectionError as e:
-            await self.forget(object_id)
+            await self.forget(address, c)
             raise ShimGone(f"shim of {object_id}: {e}") from None
 
-    async def forget(self, object_id: str) -> None:
-        c = self._clients.pop(object_id, None)
+    async def forget(self, address: str, client: Any = None) -> None:
+        """Closes the connection to the shim at `address` (only if it is still `client`, when given: another
+        task's call may have reconnected already)."""
+        c = self._clients.get(address)
+        if c is None or (client is not None and c is not client):
+            return
+        del self._clients[address]
         if c is not None:
             try:
                 await c.close()
@@ -164,9 +185,18 @@ class ShimManager:
                 pass
 
     # --- ending -----------------------------------------------------------------------------
-    async def shutdown(self, object_id: str, address: str, pid: int = 0) -> None:
-        """Ends the shim (its task must be deleted) and removes its directory; idempotent."""
+    async def shutdown(self, object_id: str, address: str, pid: int = 0, shared: bool = False) -> None:
+        """`object_id`'s task is done with its shim (deleted, or to be abandoned): removes the task's
+        directory, and ends the shim with its directory unless `shared` (another task of the pod still
+        uses it). The shim itself refuses to end while it serves another task. Idempotent."""
         from shim import ttrpc_wire as w
+        own = self.paths(object_id).dir
+        shim_dir = self.shim_dir(address) if address else own
+        if shared:
+            if own != shim_dir:
+                shutil.rmtree(own, ignore_errors=True)
+            return
+        gone = True
         if address:
             try:
                 await self.call(object_id, address, "Shutdown", timeout=10.0, id=object_id, now=True)
@@ -174,10 +204,13 @@ class ShimManager:
                 pass
             except w.TtrpcError as e:
                 log.warning("shim shutdown failed", extra={"id": object_id, "error": str(e)})
-        await self.forget(object_id)
+            await self.forget(address)
         if pid > 0:
-            await _wait_gone(pid, 5.0)
-        shutil.rmtree(self.paths(object_id).dir, ignore_errors=True)
+            gone = await _wait_gone(pid, 5.0)
+        if own != shim_dir or gone:
+            shutil.rmtree(own, ignore_errors=True)
+        if shim_dir and shim_dir != own and gone:
+            shutil.rmtree(shim_dir, ignore_errors=True)
 
     def exit_record(self, object_id: str, exec_id: str = "") -> Any:
         """The shim's durable exit record of the init (or an exec), None if it has none."""
@@ -185,21 +218,22 @@ class ShimManager:
         return exitfile.read(self.paths(object_id).dir, exec_id)
 
     async def close(self) -> None:
-        for oid in list(self._clients):
-            await self.forget(oid)
+        for address in list(self._clients):
+            await self.forget(address)
 
 
-async def _wait_gone(pid: int, timeout: float) -> None:
-    """Waits until `pid` no longer exists (a shim is not our child: poll /proc)."""
+async def _wait_gone(pid: int, timeout: float) -> bool:
+    """Waits until `pid` no longer exists (a shim is not our child: poll /proc); False on timeout."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     delay = 0.002
     while os.path.exists(f"/proc/{pid}") and _not_zombie(pid):
         if loop.time() > deadline:
             log.warning("shim still alive after shutdown", extra={"pid": pid})
-            return
+            return False
         await asyncio.sleep(delay)
         delay = min(delay * 2, 0.05)
+    return True
 
 
 def _not_zombie(pid: int) -> bool:

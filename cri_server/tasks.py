@@ -1,7 +1,8 @@
 """Task exits: one watcher per live sandbox or container task, waiting on its shim (ttrpc Wait).
 
 When a task exits the watcher records it (exit code, time, reason Completed/Error/OOMKilled; a sandbox turns
-NotReady), deletes the task, ends the shim (a stopped task needs no process) and publishes the event. A shim
+NotReady), deletes the task, ends the shim once no other task of the pod uses it (the pod's containers run in
+the sandbox's shim) and publishes the event. A shim
 that vanished is read from its durable exit file, or reported as exit 255. Other code waits for exits here
 (StopContainer, StopPodSandbox) instead of polling. Owns no RPC logic.
 """
@@ -13,7 +14,7 @@ import logging
 import signal as signals
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from cri_server.shims import ShimGone
 from cri_server.store.records import ContainerRecord, ContainerState, SandboxRecord, SandboxState
@@ -53,8 +54,11 @@ def _ts_ns(ts: Any) -> int:
 
 
 class TaskMonitor:
-    def __init__(self, svc: "Services") -> None:
+    def __init__(self, svc: "Services", on_stopped: Callable[[str], None] | None = None) -> None:
+        """on_stopped(object_id) is called once a task's exit is recorded (husk-cri publishes the CRI
+        container event with it; it is passed in so that this module does not import the RPC layer)."""
         self.svc = svc
+        self._on_stopped = on_stopped
         self._watchers: dict[str, asyncio.Task[None]] = {}
         self._closing = False
 
@@ -93,8 +97,7 @@ class TaskMonitor:
 
     def _address(self, object_id: str) -> str:
         store = self.svc.store
-        rec: ContainerRecord | SandboxRecord | None = store._containers.get(object_id) or \
-            store._sandboxes.get(object_id)
+        rec: ContainerRecord | SandboxRecord | None = store.record(object_id)
         return rec.shim_address if rec is not None else ""
 
     async def _watch(self, object_id: str) -> None:
@@ -138,35 +141,35 @@ class TaskMonitor:
             if e.code != w.NOT_FOUND:
                 log.warning("deleting the exited task failed", extra={"id": object_id, "error": str(e)})
         self._record_exit(object_id, info)
-        await shims.shutdown(object_id, address, pid)
+        await shims.shutdown(object_id, address, pid, shared=shim_shared(store, address, object_id))
         log.info("task exited", extra={"id": object_id, "exit_code": info.exit_code, "reason": info.reason})
 
     def _record_exit(self, object_id: str, info: ExitInfo) -> None:
         store = self.svc.store
-        c = store._containers.get(object_id)
+        c = store.container(object_id)
         if c is not None:
             extra = {k: v for k, v in c.extra.items() if k != "shim_pid"}
             store.put_container(dataclasses.replace(
                 c, state=ContainerState.EXITED, exit_code=info.exit_code, finished_at=info.exited_at,
                 reason=info.reason, message=info.message or c.message, shim_address="", extra=extra))
-            from cri_server.rpc import events
-            events.publish_container(self.svc, object_id, "stopped")
+            if self._on_stopped is not None:
+                self._on_stopped(object_id)
             return
-        s = store._sandboxes.get(object_id)
+        s = store.sandbox(object_id)
         if s is not None:
             extra = {k: v for k, v in s.extra.items() if k != "shim_pid"}
             extra["exit"] = {"code": info.exit_code, "at": info.exited_at, "reason": info.reason,
                              "message": info.message}
             state = SandboxState.NOTREADY if s.state == SandboxState.READY else s.state
             store.put_sandbox(dataclasses.replace(s, state=state, shim_address="", extra=extra))
-            from cri_server.rpc import events
-            events.publish_sandbox(self.svc, object_id, "stopped")
+            if self._on_stopped is not None:
+                self._on_stopped(object_id)
 
     async def _kill_orphan(self, object_id: str) -> None:
         """The shim died without an exit record: the container may still run, unreachable. Remove it with
         the runtime (runc/husk `delete --force` kills it) so nothing is left behind unaccounted for."""
         store = self.svc.store
-        rec = store._containers.get(object_id) or store._sandboxes.get(object_id)
+        rec = store.record(object_id)
         runtime = rec.extra.get("runtime", "") if rec is not None else ""
         await force_delete(self.svc, object_id, runtime)
 
@@ -201,8 +204,20 @@ class TaskMonitor:
             raise TimeoutError(f"{object_id} did not exit within 30s of SIGKILL")
 
 
+def shim_shared(store: Any, address: str, object_id: str) -> bool:
+    """Whether a record other than `object_id`'s still has a task in the shim at `address` (a pod's
+    sandbox and containers share the sandbox's shim). Checked right after the caller's record changed,
+    with no await in between: of two tasks ending together, the last to record its exit ends the shim."""
+    if not address:
+        return False
+    for rec in store.all_records():
+        if rec.id != object_id and rec.shim_address == address:
+            return True
+    return False
+
+
 def _shim_pid(store: Any, object_id: str) -> int:
-    rec = store._containers.get(object_id) or store._sandboxes.get(object_id)
+    rec = store.record(object_id)
     return int(rec.extra.get("shim_pid", 0)) if rec is not None else 0
 
 
@@ -254,5 +269,5 @@ async def discard_task(svc: "Services", object_id: str, address: str, runtime: s
                         await shims.call(object_id, address, "Delete", timeout=30.0, id=object_id)
                     except (ShimGone, w.TtrpcError):
                         pass
-    await shims.shutdown(object_id, address, shim_pid)
+    await shims.shutdown(object_id, address, shim_pid, shared=shim_shared(svc.store, address, object_id))
     await force_delete(svc, object_id, runtime)

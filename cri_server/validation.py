@@ -15,7 +15,8 @@ from cri_server.errors import InvalidArgument
 
 PATH_MAX = 4096                # the kernel's limit for a path
 MAX_ARG_STRLEN = 128 * 1024    # the kernel's limit for one argv/envp string: the bound of any other string
-MAP_TOTAL = 256 * 1024         # Kubernetes' limit on the keys + values of an object's annotations
+MAP_TOTAL = (256 + 16) * 1024  # Kubernetes' 256 KiB on an object's annotations, checked by the API server
+                               # before kubelet adds its own (kubernetes.io/config.*, io.kubernetes.*): 16 KiB slack
 MAP_KEY = PATH_MAX
 DNS_NAME = 253                 # a DNS subdomain: Kubernetes' longest object name
 DNS_LABEL = 63                 # a DNS label: Kubernetes' namespace names

@@ -22,7 +22,11 @@ JOIN_ORDER = ("user", "ipc", "uts", "network", "pid", "cgroup", "time", "mount")
 
 def run(ctx: "CreateContext", chan: "Channel", reentered: bool = False) -> None:
     """Never returns: exits 0 after forking the init, 1 after reporting an error to the parent."""
-    _name(STAGE_NAME)
+    # comm and /proc/<pid>/cmdline become the stage's name alone: the command line is readable by anyone in the
+    # container's pid namespace, and the one inherited (the launcher's `-c` code, --root, --bundle, --log) would
+    # show it host paths until the exec
+    from runtime.linux.proctitle import set_title
+    set_title(STAGE_NAME)
     ctx.stages = []   # this process's own; the runtime's were copied by the fork
     try:
         from runtime import exeguard
@@ -157,8 +161,8 @@ def join_before_userns(fds: list[tuple[str, int]]) -> list[tuple[str, int]]:
     return rest
 
 
-def resume(payload: dict) -> None:
-    """The protected re-exec continues here (runtime.exeguard.resume); never returns."""
+def continue_stage(payload: dict) -> None:
+    """The protected re-exec continues here (runtime.exeguard.continue_stage); never returns."""
     from runtime.parent import CreateContext
     from runtime.sync import Channel
     ctx = CreateContext.from_payload(payload["ctx"])
@@ -172,11 +176,3 @@ def resume(payload: dict) -> None:
 # What ps and pgrep show of the intermediate stage (runc: "runc:[1:CHILD]"; the init is "husk:[2:INIT]" until
 # it execs the user process): not the name of the process that forked it (a shim, "husk-shim").
 STAGE_NAME = "husk:[1:CHILD]"
-
-
-def _name(name: str) -> None:
-    from runtime.linux import syscalls
-    try:
-        syscalls.set_name(name)
-    except OSError:
-        pass

@@ -13,6 +13,7 @@ import click
 
 from runtime import cli as c
 from runtime.errors import HuskError
+from runtime.state import OCI_VERSION
 
 VERSION = "0.1.0"
 
@@ -34,7 +35,7 @@ def _finish(ctx: click.Context, rc: int) -> None:
 @click.option("--systemd-cgroup", is_flag=True,
               help="create: put the container in a systemd transient scope (cgroupsPath slice:prefix:name; cgroup v2)")
 @click.option("--rootless", default=None, help="accepted for runc compatibility (true|false|auto)")
-@click.version_option(VERSION, message="husk version %(version)s\nspec: 1.2.0")
+@click.version_option(VERSION, message=f"husk version %(version)s\nspec: {OCI_VERSION}")
 @click.pass_context
 def cli(ctx: click.Context, root: str, log: str | None, log_format: str, debug: bool, systemd_cgroup: bool,
         rootless: str | None) -> None:

@@ -21,10 +21,12 @@ from runtime.sync import Channel, pair
 JOIN_ORDER = ("user", "ipc", "uts", "network", "pid", "cgroup", "time", "mount")
 
 
-def exec_process(root: str, container_id: str, process: dict[str, Any], *, console_socket: str | None,
-                 pid_file: str | None, detach: bool, preserve_fds: int,
-                 cgroup: "str | dict[str, str] | None", ignore_paused: bool = False) -> int:
-    """`cgroup`: a sub-cgroup of the container's for every controller, or {controller or "": sub path}."""
+def spawn(root: str, container_id: str, process: dict[str, Any], *, console_socket: str | None,
+          pid_file: str | None, detach: bool, preserve_fds: int,
+          cgroup: "str | dict[str, str] | None", ignore_paused: bool = False) -> int:
+    """Forks the stages that start `process` in the container (lifecycle.exec_process's work without the
+    terminal proxy): its pid when `detach`, else its exit code once it is gone. `cgroup`: a sub-cgroup of the
+    container's for every controller, or {controller or "": sub path}."""
     from runtime import config
     rec = st.load(root, container_id)
     status = st.status(root, rec)
@@ -93,7 +95,7 @@ def exec_process(root: str, container_id: str, process: dict[str, Any], *, conso
         st.write_pid_file(pid_file, pid)
     if detach:
         return pid
-    from runtime.foreground import FORWARDED, _forward, _wait
+    from runtime.run import FORWARDED, _forward, _wait
     for sig in FORWARDED:
         signal.signal(sig, lambda s, _f: _forward(pid, s))
     return _wait(pid)
@@ -181,6 +183,9 @@ def _intermediate(rec: st.Record, process: dict[str, Any], ns_fds: dict[str, int
     takes its session and terminal, loads seccomp and execs (_process)."""
     try:
         sc.set_dumpable(False)  # CVE-2019-5736 class: the container must not reach /proc/<us>/exe
+        from runtime.child import STAGE_NAME
+        from runtime.linux.proctitle import set_title
+        set_title(STAGE_NAME)  # the process we fork shows it until its exec: no host path on its command line
         from runtime import exeguard
         if not exeguard.is_protected():
             # and what it could reach is an interpreter on a detached read-only mount (runtime/exeguard.py)
@@ -330,13 +335,10 @@ def _process(process: dict[str, Any], chan: Channel, slave: int, preserve_fds: i
                 os.set_inheritable(fd, True)
             except OSError:
                 pass
-        # Python ignores SIGPIPE and SIGXFSZ; ignored signals survive execve, so give the program the defaults
-        for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
-            signal.signal(sig, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_SETMASK, [])
+        from runtime.process import default_signals, exec_program
+        default_signals()
         on_listener = handoff.send if handoff is not None else None
-        nnp = bool(process.get("noNewPrivileges"))
-        if seccomp is not None and not nnp:
+        if seccomp is not None and not process.get("noNewPrivileges"):
             from runtime import seccomp as seccomp_mod
             seccomp_mod.install(seccomp, False, on_listener=on_listener)
             if final_caps is not None:
@@ -344,13 +346,7 @@ def _process(process: dict[str, Any], chan: Channel, slave: int, preserve_fds: i
         if process.get("apparmorProfile"):
             from runtime.process import set_apparmor
             set_apparmor(process["apparmorProfile"])
-        if seccomp is not None and nnp:
-            from runtime import seccomp as seccomp_mod
-            seccomp_mod.install(seccomp, True, on_listener=on_listener)
-        try:
-            os.execve(exe, process["args"], env)
-        except OSError as e:
-            raise SetupError(f'exec {process["args"][0]!r}: {e.strerror}') from None
+        exec_program(process, exe, env, seccomp=seccomp, on_listener=on_listener)
     except BaseException as e:
         try:
             chan.send("error", describe(e))
@@ -359,8 +355,8 @@ def _process(process: dict[str, Any], chan: Channel, slave: int, preserve_fds: i
     os._exit(1)
 
 
-def resume(payload: dict[str, Any]) -> None:
-    """The protected re-exec continues here (runtime.exeguard.resume); never returns."""
+def continue_stage(payload: dict[str, Any]) -> None:
+    """The protected re-exec continues here (runtime.exeguard.continue_stage); never returns."""
     chan = Channel(*payload["chan"])
     ns_fds = payload["ns_fds"]
     for fd in (chan.rfd, chan.wfd, payload["console_fd"], payload["listener_fd"], *ns_fds.values()):

@@ -3,8 +3,10 @@ container could ever write through (via /proc/<pid>/exe, or a `#!/proc/self/exe`
 
 Owns the protected interpreter: a read-only, nosuid, nodev bind mount of the running interpreter's file that is
 detached from every mount namespace (open_tree + mount_setattr; runc 1.2 does the same with a sealed overlayfs
-mount), or a sealed memfd copy when mounts cannot be made (runc 1.1's way), and the re-exec through it. It does
-not decide which stages need it (child.py and execute.py do) and must not import more than os/fcntl/syscalls.
+mount), or a sealed memfd copy when mounts cannot be made (runc 1.1's way), and the re-exec through it; and the
+persistent protected interpreter the `husk` launcher execs so that no re-exec is needed (below). It does not
+decide which stages need it (child.py and execute.py do); on the stages' path it imports only os, fcntl,
+mountinfo and syscalls.
 
 Why it holds: once the fd returned by open_tree is closed, the clone is unmounted but stays pinned as the
 process's exe; nothing can remount it (it is in no namespace), so every open for writing fails with EROFS, from
@@ -31,15 +33,11 @@ def _exe_mount_id(fd: int) -> int | None:
     return None
 
 
-def _mounted_ids(pid: "int | str") -> set[int]:
-    with open(f"/proc/{pid}/mountinfo", "rb") as f:
-        return {int(line.split(b" ", 1)[0]) for line in f if line.strip()}
-
-
 def is_protected(pid: "int | str" = "self") -> bool:
-    """True when the executable of this process (or of `pid`) is a sealed memfd or a read-only file on a mount
-    that is in no mount namespace (what protected_exe() makes); a read-only host mount is not enough (host root
-    may remount it)."""
+    """True when the executable of this process (or of `pid`) is a sealed memfd, a read-only file on a mount
+    that is in no mount namespace (what protected_exe() makes), or the persistent protected interpreter (a
+    read-only, nosuid, nodev, unbindable mount of this mount namespace owned by root: ensure_persistent()). Any
+    other read-only mount is not enough (a copy of it may be in a container's mount namespace)."""
     try:
         fd = os.open(f"/proc/{pid}/exe", os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
@@ -55,20 +53,137 @@ def is_protected(pid: "int | str" = "self") -> bool:
         mnt = _exe_mount_id(fd)
         if mnt is None:
             return False
-        ids = _mounted_ids("self")
+        from runtime.mountinfo import mount_ids
+        ids = mount_ids("self")
         if pid != "self":
-            ids |= _mounted_ids(pid)
-        return mnt not in ids
+            ids |= mount_ids(pid)
+        return mnt not in ids or _is_persistent(fd, mnt)
     except OSError:
         return False
     finally:
         os.close(fd)
 
 
+# --- the persistent protected interpreter ------------------------------------------------------------------
+# One read-only, nosuid, nodev bind mount of the interpreter's file per interpreter, made once in the host's mount
+# namespace under PERSISTENT_ROOT (by the `husk` launcher's first run as root, runtime/cli.py's launch) and
+# exec'd directly by the launcher, so that a CLI `create`/`exec` skips the per-container re-exec. It holds for
+# the same reason as runc's memfd-bind (a sealed memfd bound over /usr/bin/runc in the host's namespace): a
+# process in a container's mount namespace cannot remount, unmount or write through a mount of another mount
+# namespace (the kernel's check_mnt: EINVAL), and /proc/<pid>/exe only ever leads to this mount. It is
+# unbindable (and so is its directory), so no later rbind of /run copies it into a container's namespace. A
+# pyvenv.cfg beside it lets Python find its stdlib (`home`) and records the real file (`husk-interpreter`).
+PERSISTENT_ROOT = "/run/husk-interpreter"
+_PERSISTENT_FLAGS = os.ST_RDONLY | os.ST_NOSUID | os.ST_NODEV
+_REAL_KEY = "husk-interpreter = "
+
+
+def persistent_path(real: str, root: str = PERSISTENT_ROOT) -> str:
+    """Where the persistent protected interpreter for the interpreter file `real` (a real path) is mounted."""
+    name = real.strip("/").replace("%", "%25").replace("/", "%2F")
+    return os.path.join(root, name, "bin", "python")
+
+
+def _is_persistent(fd: int, mnt: int) -> bool:
+    st = os.fstat(fd)
+    if os.fstatvfs(fd).f_flag & _PERSISTENT_FLAGS != _PERSISTENT_FLAGS or st.st_uid != 0 or st.st_mode & 0o022:
+        return False
+    from runtime.mountinfo import parse_line
+    head = b"%d " % mnt
+    with open("/proc/self/mountinfo", "rb") as f:
+        for line in f:
+            if line.startswith(head):
+                m = parse_line(line.decode(errors="surrogateescape"))
+                return m is not None and "unbindable" in m.optional
+    return False
+
+
+def recorded_interpreter(path: str) -> str | None:
+    """The real interpreter file a persistent protected interpreter at `path` was made from (its pyvenv.cfg)."""
+    try:
+        with open(os.path.join(os.path.dirname(os.path.dirname(path)), "pyvenv.cfg")) as f:
+            for line in f:
+                if line.startswith(_REAL_KEY):
+                    return line[len(_REAL_KEY):].strip()
+    except OSError:
+        return None
+    return None
+
+
+def persistent_ok(path: str, real: str) -> bool:
+    """True when `path` is a usable persistent protected interpreter of `real`: read-only, nosuid, nodev, owned
+    by root, and the same file as `real` today (a replaced interpreter leaves a stale mount to re-make)."""
+    try:
+        st = os.stat(path)
+        rst = os.stat(real)
+        return (os.statvfs(path).f_flag & _PERSISTENT_FLAGS == _PERSISTENT_FLAGS and st.st_uid == 0
+                and (st.st_dev, st.st_ino) == (rst.st_dev, rst.st_ino))
+    except OSError:
+        return False
+
+
+def ensure_persistent(real: str, path: str) -> bool:
+    """Makes (or re-makes, when stale) the persistent protected interpreter of `real` at `path` (persistent_path)
+    in this process's mount namespace. Needs CAP_SYS_ADMIN there; returns False when it cannot be made (the
+    callers then keep the per-container re-exec). Idempotent; concurrent callers at worst stack equal mounts."""
+    if persistent_ok(path, real):
+        return True
+    from runtime.mountinfo import mount_at, read
+    d = os.path.dirname(os.path.dirname(path))
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+        if mount_at(d) is None:
+            # the directory becomes an unbindable mount of its own: what is mounted below it propagates nowhere
+            # and an rbind of a parent (a container given /run) prunes it
+            sc.mount(d, d, None, sc.MS_BIND)
+            sc.mount(None, d, None, sc.MS_UNBINDABLE)
+        for _ in range(16):  # a stale one (or several stacked by racing callers)
+            if mount_at(path, read()) is None:
+                break
+            sc.umount2(path, sc.MNT_DETACH)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)  # the mount point
+        os.close(fd)
+        tmp = os.path.join(d, f".pyvenv.cfg.{os.getpid()}")
+        with open(tmp, "w") as f:
+            f.write(f"home = {os.path.dirname(real)}\n{_REAL_KEY}{real}\n")
+        os.replace(tmp, os.path.join(d, "pyvenv.cfg"))
+        tree = sc.open_tree(-100, real, sc.OPEN_TREE_CLONE | sc.OPEN_TREE_CLOEXEC)
+        try:
+            sc.mount_setattr("", sc.MOUNT_ATTR_RDONLY | sc.MOUNT_ATTR_NOSUID | sc.MOUNT_ATTR_NODEV, 0,
+                             recursive=False, dirfd=tree)
+            sc.move_mount(tree, -100, path)
+        finally:
+            os.close(tree)
+        sc.mount(None, path, None, sc.MS_UNBINDABLE)
+    except OSError:
+        return False
+    return persistent_ok(path, real)
+
+
+def remove_persistent(path: str) -> None:
+    """Unmounts a persistent protected interpreter and removes its directory (tests, uninstall)."""
+    from runtime.mountinfo import mount_at, read
+    import shutil
+    d = os.path.dirname(os.path.dirname(path))
+    for p in (path, d):
+        for _ in range(16):
+            if mount_at(p, read()) is None:
+                break
+            sc.umount2(p, sc.MNT_DETACH)
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def real_interpreter() -> str:
+    """The interpreter file this process runs: the one behind the persistent protected interpreter if that is
+    what runs (its pyvenv.cfg says which), else /proc/self/exe's target."""
+    exe = os.readlink("/proc/self/exe")
+    return recorded_interpreter(exe) or exe
+
+
 def protected_exe() -> int:
     """An fd (close-on-exec) that execve can run: the running interpreter behind a detached read-only mount, or a
     sealed memfd copy of it when this process may not create mounts (no CAP_SYS_ADMIN, old kernel)."""
-    exe = os.readlink("/proc/self/exe")
+    exe = real_interpreter()
     try:
         fd = sc.open_tree(-100, exe, sc.OPEN_TREE_CLONE | sc.OPEN_TREE_CLOEXEC)
     except OSError:
@@ -137,12 +252,12 @@ _BOOT = ("import marshal,os,sys\n"
          " if not c:break\n"
          " b+=c\n"
          "os.close(fd);p=marshal.loads(bytes(b));sys.path[:0]=p['path']\n"
-         "from runtime import exeguard;exeguard.resume(p)\n")
+         "from runtime import exeguard;exeguard.continue_stage(p)\n")
 
 
 def reenter(stage: str, payload: dict, keep_fds: list[int]) -> None:
-    """Replaces this (forked, single-threaded) process with the protected interpreter running `stage`'s resume
-    function on `payload`. `keep_fds` stay open across the exec (the stage makes them close-on-exec again).
+    """Replaces this (forked, single-threaded) process with the protected interpreter running the continue_stage
+    function of `stage` on `payload`. `keep_fds` stay open across the exec (the stage makes them close-on-exec again).
     Never returns; raises SetupError if the protected interpreter cannot be made."""
     import marshal
     import runtime
@@ -161,14 +276,14 @@ def reenter(stage: str, payload: dict, keep_fds: list[int]) -> None:
     os.execve(exe_fd, [*python_argv(), "-c", _BOOT, str(mfd)], os.environ)
 
 
-def resume(payload: dict) -> None:
+def continue_stage(payload: dict) -> None:
     """Runs in the re-exec'd interpreter: continues the stage named in the payload (never returns)."""
     try:
         if payload["stage"] == "create":
             from runtime import child
-            child.resume(payload)
+            child.continue_stage(payload)
         elif payload["stage"] == "exec":
             from runtime import execute
-            execute.resume(payload)
+            execute.continue_stage(payload)
     finally:
         os._exit(1)  # the stages exit or exec themselves; reaching this is a failure

@@ -70,10 +70,10 @@ def capabilities() -> list[str]:
 
 
 def mount_options() -> list[str]:
-    """Options rootfs.py turns into mount flags, propagation changes or recursive attributes (any other option
+    """Options mountopts.py turns into mount flags, propagation changes or recursive attributes (any other option
     is passed to the filesystem as data, which only the filesystem can judge)."""
-    from runtime import rootfs
-    return sorted(set(rootfs._FLAGS) | set(rootfs.PROPAGATION) | set(rootfs._RATTRS) | set(rootfs.IDMAP_OPTIONS))
+    from runtime import mountopts
+    return mountopts.known()
 
 
 def idmap_supported() -> bool:

@@ -16,7 +16,6 @@ namespace has that same mapping).
 from __future__ import annotations
 
 import errno
-import json
 import os
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -81,6 +80,7 @@ def prepare(raw: dict[str, Any], bundle: str, rootfs: str, userns_path: str | No
             if not os.path.isabs(src):
                 src = os.path.join(bundle, src)
             if m.get("uidMappings") or m.get("gidMappings"):
+                import json  # not at module level: json imports re (~8 ms) and create imports this module
                 key = json.dumps([m.get("uidMappings") or [], m.get("gidMappings") or []], sort_keys=True)
                 if key not in userns:
                     userns[key] = userns_with(m.get("uidMappings") or [], m.get("gidMappings") or [], what)
@@ -140,22 +140,15 @@ class Overlay:
 
 def overlay_at(path: str) -> Overlay | None:
     """The overlay mounted exactly at `path` (the topmost mount there), from /proc/self/mountinfo."""
-    from runtime.mountinfo import unescape
-    real = os.path.realpath(path)
-    found = None
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            left, _, right = line.partition(" - ")
-            if unescape(left.split()[4]) == real:
-                found = right.split()
-    if not found or found[0] != "overlay" or len(found) < 3:
+    from runtime.mountinfo import mount_at
+    m = mount_at(os.path.realpath(path))
+    if m is None or m.fstype != "overlay":
         return None
     lower: list[str] = []
     upper = work = ""
     other = []
-    for opt in found[2].split(","):
+    for opt in m.super_options:
         key, _, value = opt.partition("=")
-        value = unescape(value)
         if key == "lowerdir":
             lower.extend(value.split(":"))
         elif key == "lowerdir+":
@@ -301,19 +294,12 @@ def _why(err: int, path: str) -> str:
 
 def fstype_of(path: str) -> str:
     """The filesystem type of the mount `path` is on (from /proc/self/mountinfo), "" if not found."""
-    from runtime.mountinfo import unescape
-    real = os.path.realpath(path)
-    best, fstype = "", ""
+    from runtime.mountinfo import mount_of
     try:
-        with open("/proc/self/mountinfo") as f:
-            for line in f:
-                left, _, right = line.partition(" - ")
-                point = unescape(left.split()[4])
-                if (real == point or real.startswith(point.rstrip("/") + "/")) and len(point) >= len(best):
-                    best, fstype = point, right.split()[0]
+        m = mount_of(os.path.realpath(path))
     except OSError:
         return ""
-    return fstype
+    return m.fstype if m is not None else ""
 
 
 def userns_with(uid_maps: list[dict[str, Any]], gid_maps: list[dict[str, Any]], what: str) -> int:
@@ -387,6 +373,7 @@ def send(sock_fd: int, fds: dict[str, int]) -> None:
         items = list(fds.items())
         if len(items) > MAX_FDS:
             raise SetupError(f"{len(items)} idmapped mounts: at most {MAX_FDS} are supported")
+        import json
         socket.send_fds(s, [json.dumps([k for k, _ in items]).encode()], [fd for _, fd in items])
     finally:
         s.detach()
@@ -396,6 +383,7 @@ def send_error(sock_fd: int, message: str) -> None:
     import socket
     s = socket.socket(fileno=sock_fd)
     try:
+        import json
         s.send(json.dumps({"error": message}).encode())
     except OSError:
         pass
@@ -415,7 +403,8 @@ def receive(sock_fd: int) -> dict[str, int]:
         for fd in fds:
             os.close(fd)
         raise SetupError("idmapped mounts: the runtime exited before sending them")
-    data = json.loads(msg)
+    from runtime import jsonload
+    data = jsonload.loads(msg)
     if isinstance(data, dict):
         for fd in fds:
             os.close(fd)

@@ -10,7 +10,7 @@ import os
 import _signal as signal  # the C module: `signal` builds enums on import (~2 ms)
 TYPE_CHECKING = False  # `typing` costs ~4 ms (it imports re): annotations only
 
-from runtime import rootfs as rfs, stages
+from runtime import devices, rootfs as rfs, stages
 from runtime.errors import SetupError, describe
 from runtime.linux import syscalls as sc
 
@@ -23,10 +23,8 @@ INIT_NAME = "husk:[2:INIT]"
 
 
 def run(ctx: "CreateContext", chan: "Channel") -> None:
-    try:
-        sc.set_name(INIT_NAME)   # until the user process is exec'd (runc: "runc:[2:INIT]")
-    except OSError:
-        pass
+    from runtime.linux.proctitle import set_title
+    set_title(INIT_NAME)   # until the user process is exec'd (runc: "runc:[2:INIT]")
     fifo_w = -1
     try:
         # As pid 1 of its namespace the init only receives signals it handles; runc's init (Go) handles them all,
@@ -80,8 +78,12 @@ def preload(cfg_raw: dict, timings: "list | None" = None) -> "object | None":
     import resource  # noqa: F401
     import select  # noqa: F401
     import stat  # noqa: F401
-    from runtime import capabilities, hooks, process, rootfs  # noqa: F401
+    from runtime import capabilities, hooks, mountinfo, process, rootfs  # noqa: F401
     from runtime.cgroups import v1  # noqa: F401
+    if any(m.get("type") == "cgroup" for m in cfg_raw.get("mounts") or []):
+        from runtime import rootfs_cgroup  # noqa: F401
+    if (cfg_raw.get("linux") or {}).get("sysctl"):
+        from runtime import sysctl  # noqa: F401
     if any(n.get("type") == "network" and not n.get("path") for n in (cfg_raw.get("linux") or {}).get("namespaces") or []):
         from runtime import network  # noqa: F401
     if (cfg_raw.get("process") or {}).get("terminal"):
@@ -89,6 +91,7 @@ def preload(cfg_raw: dict, timings: "list | None" = None) -> "object | None":
     from runtime import idmap
     if idmap.wanted(cfg_raw):
         import socket  # noqa: F401 - idmap.receive, which runs inside the user namespace
+        from runtime import jsonload  # noqa: F401 - the same
     profile = (cfg_raw.get("linux") or {}).get("seccomp")
     if profile:
         t = stages.now()
@@ -135,8 +138,8 @@ def _setup(ctx: "CreateContext", chan: "Channel") -> None:
     dev_bind = any(os.path.normpath(m["destination"]) == "/dev" and
                    (m.get("type") == "bind" or "bind" in (m.get("options") or []) or
                     "rbind" in (m.get("options") or [])) for m in mounts)
-    fs.create_devices(linux.get("devices") or [], dev_is_tmpfs=not dev_bind)
-    fs.setup_ptmx()
+    devices.create_devices(fs, linux.get("devices") or [], dev_is_tmpfs=not dev_bind)
+    devices.setup_ptmx(fs)
     fs.make_cwd(proc.get("cwd") or "/")
     stages.since(ctx.stages, "rootfs", t)
     if proc.get("apparmorProfile") and not os.path.isdir("/sys/kernel/security/apparmor"):
@@ -164,8 +167,10 @@ def _setup(ctx: "CreateContext", chan: "Channel") -> None:
         sc.sethostname(cfg.raw["hostname"])
     if cfg.raw.get("domainname"):
         sc.setdomainname(cfg.raw["domainname"])
-    for key, value in (linux.get("sysctl") or {}).items():
-        rfs.write_sysctl(key, value)
+    if linux.get("sysctl"):
+        from runtime import sysctl
+        for key, value in linux["sysctl"].items():
+            sysctl.write(key, value)
     for p in linux.get("readonlyPaths") or []:
         rfs.readonly_path(p)
     for p in linux.get("maskedPaths") or []:
@@ -210,7 +215,8 @@ def _start(ctx: "CreateContext", fifo_w: int) -> None:
         from runtime import hooks as hk
         hk.run("startContainer", cfg.hooks["startContainer"], ctx.hook_state(ctx.host_pid, "created"),
                container_id=ctx.container_id)
-    from runtime.process import exec_program
+    from runtime.process import default_signals, exec_program
+    default_signals()
     handoff = ctx.handoff
     exec_program(cfg.process, ctx.exe, ctx.env, seccomp=ctx.seccomp,
                  on_listener=handoff.send if handoff is not None else None)
@@ -236,7 +242,7 @@ def _console(ctx: "CreateContext", fs: rfs.RootFs, proc: dict) -> None:
         fs.rootfs = "/"
         try:
             fs.rootfd = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-            fs.mount_console(path)
+            devices.mount_console(fs, path)
         finally:
             if fs.rootfd >= 0:
                 os.close(fs.rootfd)

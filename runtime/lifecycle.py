@@ -12,7 +12,7 @@ from runtime.errors import InvalidState, SetupError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import Any, Callable
 
 SIGKILL = 9  # not signal.SIGKILL: the signal module builds enums on import (~4 ms on every verb)
 
@@ -49,7 +49,12 @@ def start(root: str, container_id: str) -> None:
             raise InvalidState(f"cannot start container {container_id!r}: it is {status}, "
                                f"only a created container can be started")
         sock = os.path.join(root, container_id, st.FIFO)
-        msg = _release(sock, rec)
+        legacy = os.path.join(root, container_id, st.LEGACY_FIFO)
+        if not os.path.exists(sock) and os.path.exists(legacy):
+            msg = _release(legacy, rec, opener=_open_legacy_fifo)   # created by an older husk
+            sock = legacy
+        else:
+            msg = _release(sock, rec)
         try:
             os.unlink(sock)
         except FileNotFoundError:
@@ -68,11 +73,18 @@ def start(root: str, container_id: str) -> None:
                 raise
 
 
-def _release(sock: str, rec: st.Record) -> str | None:
-    """Connects to the start socket (unblocking the init) and reads until the init execs (EOF).
-    Returns None on success, else the init's error message."""
+def _open_legacy_fifo(path: str) -> int:
+    """An older husk's init blocks opening exec.fifo for writing: opening it for reading releases it."""
+    return os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+
+
+def _release(sock: str, rec: st.Record, opener: Callable[[str], int] | None = None) -> str | None:
+    """Connects to the start socket (unblocking the init) and reads until the init execs (EOF); `opener`
+    reaches another kind of start point (an older husk's fifo). Returns None on success, else the init's
+    error message."""
     import select
     from runtime.sync import start_connect
+    opener = opener or start_connect
     # The pidfd first: until we connect the init is blocked, so it cannot have exited and been
     # reaped yet. (Opened after connecting, a short-lived program could run, exit and be reaped by the
     # subreaper before pidfd_open, and a successful start would be reported as "init is gone".)
@@ -84,7 +96,7 @@ def _release(sock: str, rec: st.Record) -> str | None:
         os.close(pidfd)
         return "the container init is gone"
     try:
-        fd = start_connect(sock)
+        fd = opener(sock)
     except (ConnectionRefusedError, FileNotFoundError):
         os.close(pidfd)
         return "the container init is gone"
@@ -346,18 +358,18 @@ def exec_process(root: str, container_id: str, process: dict[str, Any], *, conso
     if process.get("terminal") and not console_socket:
         if detach:
             raise SetupError("cannot allocate a tty for a detached exec without --console-socket")
-        from runtime.foreground import ConsoleProxy
+        from runtime.run import ConsoleProxy
         proxy = ConsoleProxy()
         console_socket = proxy.path
     try:
-        pid = execute.exec_process(root, container_id, process, console_socket=console_socket, pid_file=pid_file,
-                                   detach=detach or proxy is not None, preserve_fds=preserve_fds, cgroup=cgroup,
-                                   ignore_paused=ignore_paused)
+        pid = execute.spawn(root, container_id, process, console_socket=console_socket, pid_file=pid_file,
+                            detach=detach or proxy is not None, preserve_fds=preserve_fds, cgroup=cgroup,
+                            ignore_paused=ignore_paused)
         if proxy is None:
             return pid  # detached: the pid; in the foreground execute waited and returned the exit code
-        from runtime import foreground
+        from runtime.run import forward_signals
         proxy.accept()
-        foreground.forward_signals(pid)
+        forward_signals(pid)
         return proxy.pump(pid)
     finally:
         if proxy is not None:
@@ -368,7 +380,7 @@ def run(root: str, container_id: str, bundle: str, *, detach: bool = False, cons
         pid_file: str | None = None, no_pivot: bool = False, no_new_keyring: bool = False,
         preserve_fds: int = 0, keep: bool = False, systemd_cgroup: bool = False) -> int:
     """create + start; without `detach`, waits and returns the exit code (128+signal) and deletes."""
-    from runtime import foreground
-    return foreground.run(root, container_id, bundle, detach=detach, console_socket=console_socket,
-                          pid_file=pid_file, no_pivot=no_pivot, no_new_keyring=no_new_keyring,
-                          preserve_fds=preserve_fds, keep=keep, systemd_cgroup=systemd_cgroup)
+    from runtime import run as run_verb  # runtime/run.py
+    return run_verb.run(root, container_id, bundle, detach=detach, console_socket=console_socket,
+                        pid_file=pid_file, no_pivot=no_pivot, no_new_keyring=no_new_keyring,
+                        preserve_fds=preserve_fds, keep=keep, systemd_cgroup=systemd_cgroup)

@@ -1,7 +1,7 @@
 """The last steps before a container process runs: rlimits, user, capabilities, no_new_privs, env, execve.
 
 Shared by the container init and `husk exec`; runs inside the container (after pivot_root or setns).
-Nothing here forks; `exec_process` never returns.
+Nothing here forks; `exec_program` never returns.
 """
 from __future__ import annotations
 
@@ -238,26 +238,13 @@ def close_fds(first: int, keep: tuple[int, ...] = ()) -> None:
     sc.close_range(lo, 0xFFFFFFFF)
 
 
-def exec_process(proc: dict[str, Any], path: str, env: dict[str, str], *, seccomp: Any,
-                 preserve_fds: int, keep_fds: tuple[int, ...] = (), rlimits_set: bool = False,
-                 personality: dict[str, Any] | None = None, on_listener: Any = None) -> None:
-    """Applies user, caps, no_new_privs, umask and cwd, then seccomp (last) and execve. Never returns.
-
-    `seccomp` is what runtime.seccomp.prepare() returned before pivot_root/setns(mnt), or None. As runc does,
-    without noNewPrivileges the filter is loaded before capabilities are dropped (the kernel then demands
-    CAP_SYS_ADMIN), so the profile must allow the few syscalls that remain before execve.
-    `on_listener(fd, compiled)` hands a SCMP_ACT_NOTIFY listener fd on (runtime.seccomp_notify.Handoff.send)."""
-    take_credentials(proc, seccomp=seccomp, preserve_fds=preserve_fds, keep_fds=keep_fds, rlimits_set=rlimits_set,
-                     personality=personality, on_listener=on_listener)
-    exec_program(proc, path, env, seccomp=seccomp, on_listener=on_listener)
-
-
 def take_credentials(proc: dict[str, Any], *, seccomp: Any, preserve_fds: int, keep_fds: tuple[int, ...] = (),
                      rlimits_set: bool = False, personality: dict[str, Any] | None = None,
                      on_listener: Any = None) -> None:
-    """exec_process's first half: rlimits, scheduling, fds made inheritable, cwd, seccomp without
-    noNewPrivileges, then user, capabilities, AppArmor, no_new_privs and umask. The container init does this
-    before it waits for `start` (runc's order), so that while it waits it holds the container's credentials only."""
+    """The first half of starting a container process (exec_program is the second): rlimits, scheduling, fds
+    made inheritable, cwd, seccomp without noNewPrivileges, then user, capabilities, AppArmor, no_new_privs and
+    umask. The container init does this before it waits for `start` (runc's order), so that while it waits it
+    holds the container's credentials only."""
     from runtime import capabilities
     caps = proc.get("capabilities") or {}
     user = proc.get("user") or {}
@@ -295,15 +282,18 @@ def take_credentials(proc: dict[str, Any], *, seccomp: Any, preserve_fds: int, k
         enter_cwd(cwd)
 
 
-def exec_program(proc: dict[str, Any], path: str, env: dict[str, str], *, seccomp: Any,
-                 on_listener: Any = None) -> None:
-    """exec_process's second half: default signals, seccomp with noNewPrivileges (last), execve."""
-    nnp = bool(proc.get("noNewPrivileges"))
-    # Python ignores SIGPIPE and SIGXFSZ; ignored signals survive execve, so give the program the defaults
+def default_signals() -> None:
+    """Python ignores SIGPIPE and SIGXFSZ; ignored signals survive execve, so give the program the defaults
+    (before any seccomp filter: a tight one may not allow rt_sigaction)."""
     for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
-    if seccomp is not None and nnp:
+
+
+def exec_program(proc: dict[str, Any], path: str, env: dict[str, str], *, seccomp: Any,
+                 on_listener: Any = None) -> None:
+    """The last step (signals already defaulted): seccomp with noNewPrivileges (last of all), execve."""
+    if seccomp is not None and proc.get("noNewPrivileges"):
         from runtime import seccomp as seccomp_mod
         seccomp_mod.install(seccomp, True, on_listener=on_listener)
     try:

@@ -1,4 +1,8 @@
-"""The container's filesystem: mount propagation, the config's mounts, /dev, pivot_root, masked/readonly paths.
+"""The container's filesystem: mount propagation, the config's mounts, pivot_root, masked/readonly paths.
+
+Beside it: mountopts.py (what a mount option means), rootfs_cgroup.py (the `cgroup` mount type), devices.py
+(/dev's nodes, symlinks, ptmx and console), sysctl.py (linux.sysctl), idmap.py (idmapped mounts, made by the
+runtime parent and attached here).
 
 Runs only in the container init, inside its new mount namespace (never in the runtime's own namespace).
 Mount destinations are opened with openat2(RESOLVE_IN_ROOT) so a symlink in the rootfs cannot redirect a
@@ -11,90 +15,19 @@ import os
 import stat
 TYPE_CHECKING = False  # `typing` costs ~4 ms (it imports re): annotations only
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
-from runtime.config import DEFAULT_DEVICES
 from runtime.errors import SetupError
 from runtime.linux import syscalls as sc
 
-# option -> (clear?, flag)
-_FLAGS: dict[str, tuple[bool, int]] = {
-    "async": (True, sc.MS_SYNCHRONOUS), "atime": (True, sc.MS_NOATIME), "bind": (False, sc.MS_BIND),
-    "defaults": (False, 0), "dev": (True, sc.MS_NODEV), "diratime": (True, sc.MS_NODIRATIME),
-    "dirsync": (False, sc.MS_DIRSYNC), "exec": (True, sc.MS_NOEXEC), "iversion": (False, sc.MS_I_VERSION),
-    "lazytime": (False, sc.MS_LAZYTIME), "loud": (True, sc.MS_SILENT), "mand": (False, sc.MS_MANDLOCK),
-    "noatime": (False, sc.MS_NOATIME), "nodev": (False, sc.MS_NODEV), "nodiratime": (False, sc.MS_NODIRATIME),
-    "noexec": (False, sc.MS_NOEXEC), "noiversion": (True, sc.MS_I_VERSION), "nolazytime": (True, sc.MS_LAZYTIME),
-    "nomand": (True, sc.MS_MANDLOCK), "norelatime": (True, sc.MS_RELATIME),
-    "nostrictatime": (True, sc.MS_STRICTATIME), "nosuid": (False, sc.MS_NOSUID),
-    "nosymfollow": (False, sc.MS_NOSYMFOLLOW), "rbind": (False, sc.MS_BIND | sc.MS_REC),
-    "relatime": (False, sc.MS_RELATIME), "remount": (False, sc.MS_REMOUNT), "ro": (False, sc.MS_RDONLY),
-    "rw": (True, sc.MS_RDONLY), "silent": (False, sc.MS_SILENT), "strictatime": (False, sc.MS_STRICTATIME),
-    "suid": (True, sc.MS_NOSUID), "sync": (False, sc.MS_SYNCHRONOUS),
-}
-PROPAGATION = {
-    "private": sc.MS_PRIVATE, "rprivate": sc.MS_PRIVATE | sc.MS_REC, "shared": sc.MS_SHARED,
-    "rshared": sc.MS_SHARED | sc.MS_REC, "slave": sc.MS_SLAVE, "rslave": sc.MS_SLAVE | sc.MS_REC,
-    "unbindable": sc.MS_UNBINDABLE, "runbindable": sc.MS_UNBINDABLE | sc.MS_REC,
-}
-# recursive mount attributes (mount_setattr): option -> (set?, attr)
-_RATTRS: dict[str, tuple[bool, int]] = {
-    "rro": (True, sc.MOUNT_ATTR_RDONLY), "rrw": (False, sc.MOUNT_ATTR_RDONLY),
-    "rnosuid": (True, sc.MOUNT_ATTR_NOSUID), "rsuid": (False, sc.MOUNT_ATTR_NOSUID),
-    "rnodev": (True, sc.MOUNT_ATTR_NODEV), "rdev": (False, sc.MOUNT_ATTR_NODEV),
-    "rnoexec": (True, sc.MOUNT_ATTR_NOEXEC), "rexec": (False, sc.MOUNT_ATTR_NOEXEC),
-    "rnoatime": (True, sc.MOUNT_ATTR_NOATIME), "ratime": (False, sc.MOUNT_ATTR_NOATIME),
-    "rnodiratime": (True, sc.MOUNT_ATTR_NODIRATIME), "rdiratime": (False, sc.MOUNT_ATTR_NODIRATIME),
-    "rnosymfollow": (True, sc.MOUNT_ATTR_NOSYMFOLLOW), "rsymfollow": (False, sc.MOUNT_ATTR_NOSYMFOLLOW),
-}
-_IGNORED = {"tmpcopyup", "copy-symlink", "notmpcopyup"}  # crun extensions, meaningless here
-IDMAP_OPTIONS = ("idmap", "ridmap")  # made by the runtime parent (runtime/idmap.py), attached by _bind
+# the one option table (runtime/mountopts.py); parse_options and MountOptions stay importable from here
+from runtime.mountopts import MountOptions, parse_options  # noqa: F401
 
 _KERNEL_FS_FLAGS = sc.MS_NOSUID | sc.MS_NODEV | sc.MS_NOEXEC
 
 ROOT_PROPAGATION = {"private": sc.MS_PRIVATE, "shared": sc.MS_SHARED, "slave": sc.MS_SLAVE,
                     "unbindable": sc.MS_UNBINDABLE}
-
-DEV_SYMLINKS = [("/proc/self/fd", "/dev/fd"), ("/proc/self/fd/0", "/dev/stdin"),
-                ("/proc/self/fd/1", "/dev/stdout"), ("/proc/self/fd/2", "/dev/stderr")]
-
-
-class MountOptions:
-    """A mount's options split into mount(2) flags, propagation changes, recursive attributes and data."""
-
-    def __init__(self) -> None:
-        self.flags = 0
-        self.clear = 0
-        self.propagation: list[int] = []
-        self.attr_set = 0
-        self.attr_clr = 0
-        self.data: list[str] = []
-
-
-def parse_options(options: list[str]) -> MountOptions:
-    mo = MountOptions()
-    for opt in options:
-        if opt in _FLAGS:
-            clear, flag = _FLAGS[opt]
-            if clear:
-                mo.flags &= ~flag
-                mo.clear |= flag
-            else:
-                mo.flags |= flag
-        elif opt in PROPAGATION:
-            mo.propagation.append(PROPAGATION[opt])
-        elif opt in _RATTRS:
-            on, attr = _RATTRS[opt]
-            if on:
-                mo.attr_set |= attr
-            else:
-                mo.attr_clr |= attr
-        elif opt in _IGNORED or opt in IDMAP_OPTIONS:
-            continue
-        else:
-            mo.data.append(opt)
-    return mo
-
 
 class RootFs:
     """Builds the mount tree under `rootfs` in the current (new) mount namespace."""
@@ -181,7 +114,7 @@ class RootFs:
                 pass
             try:
                 if is_file:
-                    os.close(_create_file(pfd, name))
+                    os.close(create_file(pfd, name))
                 else:
                     os.mkdir(name, 0o755, dir_fd=pfd)
             except FileExistsError:
@@ -261,7 +194,8 @@ class RootFs:
         if is_bind:
             self._bind(m, dest, opts, idmapped)
         elif mtype == "cgroup":
-            self._cgroup(dest, opts)
+            from runtime.rootfs_cgroup import mount_cgroup
+            mount_cgroup(self, dest, opts)
         else:
             if mtype == "proc" and os.path.islink(self.host_path(dest)):
                 raise SetupError(f"proc destination {dest} is a symlink")
@@ -273,7 +207,7 @@ class RootFs:
             fd = self.ensure_target(dest, is_file=False)
             try:
                 self._check_proc_target(fd, dest, mtype == "proc")
-                self._mount_fs(m.get("source") or mtype, fd, dest, mtype, opts)
+                self.mount_fs(m.get("source") or mtype, fd, dest, mtype, opts)
             finally:
                 os.close(fd)
         self._after(dest, opts)
@@ -283,9 +217,10 @@ class RootFs:
     PROC_MOUNTABLE = ("cpuinfo", "diskstats", "meminfo", "stat", "swaps", "uptime", "loadavg", "slabinfo",
                       "net/dev", "sys/kernel/ns_last_pid")
 
-    def _check_proc_target(self, fd: int, dest: str, is_proc: bool) -> None:
+    def _check_proc_target(self, fd: int, dest: str, is_proc: "bool | Callable[[], bool]") -> None:
         """Refuses a mount that lands in the container's /proc (wherever the symlinks on the way led), or a
-        filesystem other than procfs on /proc itself."""
+        filesystem other than procfs on /proc itself. `is_proc` may be a callable (a bind source's mount-table
+        lookup), asked only for a mount on /proc itself."""
         try:
             where = os.readlink(f"/proc/self/fd/{fd}")
             root = os.readlink(f"/proc/self/fd/{self.rootfd}")
@@ -293,13 +228,13 @@ class RootFs:
             return
         rel = os.path.relpath(where, root)
         if rel == "proc":
-            if not is_proc:
+            if not (is_proc() if callable(is_proc) else is_proc):
                 raise SetupError(f"{dest} resolves to /proc, where only a proc filesystem may be mounted")
         elif rel.startswith("proc/") and rel[len("proc/"):] not in self.PROC_MOUNTABLE:
             raise SetupError(f"{dest} resolves to /{rel}, inside /proc: only "
                              f"{', '.join('/proc/' + p for p in self.PROC_MOUNTABLE)} may be mounted there")
 
-    def _mount_fs(self, source: str, fd: int, dest: str, mtype: str, opts: MountOptions) -> None:
+    def mount_fs(self, source: str, fd: int, dest: str, mtype: str, opts: MountOptions) -> None:
         data = ",".join(opts.data) or None
         flags = opts.flags & ~(sc.MS_BIND | sc.MS_REC | sc.MS_REMOUNT)
         target = f"/proc/self/fd/{fd}"
@@ -309,11 +244,11 @@ class RootFs:
             # inside a user namespace the kernel refuses sysfs without a netns we own, mqueue without an ipc ns
             if e.errno == errno.EPERM and mtype == "sysfs" and (self.userns or not self.netns_new):
                 sc.mount("/sys", target, None, sc.MS_BIND | sc.MS_REC)
-                self._remount(dest, (flags | sc.MS_BIND) & ~sc.MS_REC)
+                self.remount(dest, (flags | sc.MS_BIND) & ~sc.MS_REC)
                 return
             if e.errno == errno.EPERM and mtype == "mqueue" and (self.userns or not self.ipcns_new):
                 sc.mount("/dev/mqueue", target, None, sc.MS_BIND)
-                self._remount(dest, flags | sc.MS_BIND)
+                self.remount(dest, flags | sc.MS_BIND)
                 return
             raise OSError(e.errno, f"mount {mtype} on {dest}: {os.strerror(e.errno)}") from None
 
@@ -328,7 +263,7 @@ class RootFs:
                 raise SetupError(f"bind mount source {src}: {e.strerror}") from None
             fd = self.ensure_target(dest, is_file=not stat.S_ISDIR(st.st_mode))
             try:
-                self._check_proc_target(fd, dest, _is_procfs(src))
+                self._check_proc_target(fd, dest, lambda: _is_procfs(src))
                 if idmapped >= 0:
                     # the detached idmapped clone of src the runtime made (runtime/idmap.py), attached on the fd
                     sc.move_mount(idmapped, fd)
@@ -341,9 +276,9 @@ class RootFs:
                 os.close(idmapped)
         extra = opts.flags & ~(sc.MS_BIND | sc.MS_REC | sc.MS_REMOUNT)
         if extra or opts.clear:
-            self._remount(dest, extra | sc.MS_BIND)
+            self.remount(dest, extra | sc.MS_BIND)
 
-    def _remount(self, dest: str, flags: int) -> None:
+    def remount(self, dest: str, flags: int) -> None:
         fd = self.open_in_root(dest)  # reopen: the fd must name the new mount, not the one under it
         try:
             target = f"/proc/self/fd/{fd}"
@@ -363,168 +298,6 @@ class RootFs:
                 sc.mount(None, target, None, p)
             if opts.attr_set or opts.attr_clr:
                 sc.mount_setattr(target, opts.attr_set, opts.attr_clr, recursive=True)
-        finally:
-            os.close(fd)
-
-    def _cgroup(self, dest: str, opts: MountOptions) -> None:
-        from runtime.cgroups import is_unified
-        if is_unified():
-            self._cgroup2(dest, opts)
-        else:
-            self._cgroup_v1(dest, opts)
-
-    def _cgroup2(self, dest: str, opts: MountOptions) -> None:
-        """A `cgroup` mount on a cgroup2 host. In a new cgroup namespace a fresh cgroup2 mount has the container's
-        cgroup as its root. Without one a fresh mount would show the host's whole tree, so the container's own
-        cgroup directory is bound instead; that is also the fallback where the kernel refuses the mount (a user
-        namespace that does not own the cgroup namespace), as in runc."""
-        from runtime.cgroups import CGROUP_ROOT
-        fd = self.ensure_target(dest, is_file=False)
-        try:
-            if self.cgroupns:
-                try:
-                    self._mount_fs("cgroup", fd, dest, "cgroup2", opts)
-                    return
-                except OSError as e:
-                    if e.errno not in (errno.EPERM, errno.EBUSY):
-                        raise
-            src = CGROUP_ROOT + (self.cgroup_path if self.cgroup_path != "/" else "")
-            try:
-                sc.mount(src, f"/proc/self/fd/{fd}", None, sc.MS_BIND | sc.MS_REC)
-            except OSError as e:
-                raise OSError(e.errno, f"bind the container's cgroup {src} on {dest}: {os.strerror(e.errno)}") \
-                    from None
-        finally:
-            os.close(fd)
-        flags = opts.flags & (sc.MS_RDONLY | sc.MS_NOSUID | sc.MS_NODEV | sc.MS_NOEXEC)
-        if flags:
-            self._remount(dest, flags | sc.MS_BIND)
-
-    def _cgroup_v1(self, dest: str, opts: MountOptions) -> None:
-        """A `cgroup` mount on a v1/hybrid host: a tmpfs with one directory per hierarchy (cgroupns aware)."""
-        base = opts.flags & (sc.MS_NOSUID | sc.MS_NODEV | sc.MS_NOEXEC)
-        fd = self.ensure_target(dest, is_file=False)
-        try:
-            sc.mount("tmpfs", f"/proc/self/fd/{fd}", "tmpfs", base, "mode=755")
-        finally:
-            os.close(fd)
-        # the tmpfs we just mounted, reached through an fd: nothing in it can be a hostile symlink, and no
-        # symlink on the way to dest is followed again as a host path
-        top_fd = self.open_in_root(dest, os.O_PATH | os.O_DIRECTORY)
-        try:
-            self._fill_cgroup_v1(f"/proc/self/fd/{top_fd}", base, opts)
-        finally:
-            os.close(top_fd)
-
-    def _fill_cgroup_v1(self, top: str, base: int, opts: MountOptions) -> None:
-        from runtime.cgroups.v1 import hierarchies
-        mounts: dict[str, str] = {}
-        for ctrl, mnt in hierarchies().items():
-            if ctrl != "unified":  # as runc 1.1: the hybrid host's cgroup2 tree is not shown in the container
-                mounts.setdefault(mnt, ctrl)
-        for mnt in mounts:
-            name = os.path.basename(mnt)
-            sub = os.path.join(top, name)
-            os.makedirs(sub, exist_ok=True)
-            if self.cgroupns:
-                ctrl_opts = _cgroup_mount_opts(mnt)
-                sc.mount("cgroup", sub, "cgroup", base, ctrl_opts)
-            else:
-                src = mnt + (self.cgroup_path if self.cgroup_path != "/" else "")
-                if not os.path.isdir(src):
-                    src = mnt
-                sc.mount(src, sub, None, sc.MS_BIND | sc.MS_REC)
-                sc.mount(None, sub, None, sc.MS_BIND | sc.MS_REMOUNT | base)
-            if "," in name:  # co-mounted controllers: cpu,cpuacct -> symlinks cpu and cpuacct
-                for part in name.split(","):
-                    link = os.path.join(top, part)
-                    if not os.path.lexists(link):
-                        os.symlink(name, link)
-        if opts.flags & sc.MS_RDONLY:
-            sc.mount_setattr(top, sc.MOUNT_ATTR_RDONLY, 0, recursive=True)
-
-    def create_devices(self, devices: list[dict[str, Any]], *, dev_is_tmpfs: bool) -> None:
-        old = os.umask(0)
-        try:
-            if dev_is_tmpfs:
-                for path, major, minor in DEFAULT_DEVICES:
-                    self._device({"path": path, "type": "c", "major": major, "minor": minor, "fileMode": 0o666,
-                                  "uid": 0, "gid": 0})
-            for d in devices:
-                self._device(d)
-            if dev_is_tmpfs:
-                for target, link in DEV_SYMLINKS:
-                    self._symlink(target, link)
-                if os.path.exists("/proc/kcore"):
-                    self._symlink("/proc/kcore", "/dev/core")
-        finally:
-            os.umask(old)
-
-    def setup_ptmx(self) -> None:
-        """/dev/ptmx becomes a symlink to the devpts instance mounted at /dev/pts (newinstance)."""
-        try:
-            os.close(self.open_in_root("/dev/pts/ptmx"))
-        except OSError:
-            return
-        dfd = self.ensure_dir("/dev")
-        try:
-            try:
-                os.unlink("ptmx", dir_fd=dfd)
-            except FileNotFoundError:
-                pass
-            os.symlink("pts/ptmx", "ptmx", dir_fd=dfd)
-        finally:
-            os.close(dfd)
-
-    def _symlink(self, target: str, link: str) -> None:
-        parent, _, name = link.rpartition("/")
-        dfd = self.ensure_dir(parent)
-        try:
-            os.symlink(target, name, dir_fd=dfd)
-        except FileExistsError:
-            pass
-        finally:
-            os.close(dfd)
-
-    def _device(self, d: dict[str, Any]) -> None:
-        path = os.path.normpath(d["path"])
-        t = d["type"]
-        mode = d.get("fileMode", 0o666) & 0o7777
-        parent, _, name = path.rpartition("/")
-        dfd = self.ensure_dir(parent)
-        try:
-            try:
-                os.unlink(name, dir_fd=dfd)
-            except FileNotFoundError:
-                pass
-            except IsADirectoryError:
-                raise SetupError(f"linux.devices: {path} exists and is a directory") from None
-            if t == "p":
-                os.mkfifo(name, mode, dir_fd=dfd)
-            elif self.userns:
-                # mknod is not allowed in a user namespace: bind the host's node onto an empty file
-                fd = _create_file(dfd, name)
-                os.close(fd)
-                tfd = sc.openat2(dfd, name, os.O_PATH, 0, sc.RESOLVE_IN_ROOT | sc.RESOLVE_NO_MAGICLINKS)
-                try:
-                    sc.mount(path, f"/proc/self/fd/{tfd}", None, sc.MS_BIND)
-                finally:
-                    os.close(tfd)
-                return
-            else:
-                kind = stat.S_IFBLK if t == "b" else stat.S_IFCHR
-                os.mknod(name, mode | kind, os.makedev(d["major"], d["minor"]), dir_fd=dfd)
-            os.chown(name, d.get("uid", 0), d.get("gid", 0), dir_fd=dfd, follow_symlinks=False)
-        except OSError as e:
-            raise SetupError(f"create device {path}: {e.strerror}") from None
-        finally:
-            os.close(dfd)
-
-    def mount_console(self, slave_path: str) -> None:
-        """Bind the pty slave onto /dev/console (runc does this for terminal containers)."""
-        fd = self.ensure_target("/dev/console", is_file=True)
-        try:
-            sc.mount(slave_path, f"/proc/self/fd/{fd}", None, sc.MS_BIND)
         finally:
             os.close(fd)
 
@@ -565,16 +338,10 @@ def _hide_host_proc_sys(rootfs: str) -> None:
     runc's msMoveRoot does before --no-pivot's MS_MOVE + chroot. Without pivot_root the host's mounts stay in
     the container's mount namespace, and a full, unmasked procfs there lets a nested user namespace mount a
     fresh procfs (the kernel allows it when one is already fully visible) past maskedPaths and readonlyPaths."""
-    from runtime.mountinfo import unescape
+    from runtime import mountinfo
     inside = os.path.realpath(rootfs).rstrip("/") + "/"
-    points = []
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            left, _, right = line.partition(" - ")
-            fields = left.split()
-            point = unescape(fields[4])
-            if fields[3] == "/" and right.split()[0] in ("proc", "sysfs") and not (point + "/").startswith(inside):
-                points.append(point)
+    points = [m.point for m in mountinfo.read()
+              if m.root == "/" and m.fstype in ("proc", "sysfs") and not (m.point + "/").startswith(inside)]
     for point in points:
         try:
             sc.mount(None, point, None, sc.MS_SLAVE | sc.MS_REC)  # the unmount must not reach the host
@@ -620,33 +387,18 @@ def readonly_root() -> None:
 
 def _make_parent_private(path: str) -> None:
     """Makes the mount that contains `path` private (not recursively), as runc's rootfsParentMountPrivate."""
-    real = os.path.realpath(path)
-    best, shared = "/", False
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            fields = line.split(" - ", 1)[0].split()
-            mp = fields[4].replace("\\040", " ")
-            if (real == mp or real.startswith(mp.rstrip("/") + "/")) and len(mp) >= len(best):
-                best, shared = mp, any(o.startswith("shared:") for o in fields[6:])
-    if shared:
-        sc.mount(None, best, None, sc.MS_PRIVATE)
+    from runtime.mountinfo import mount_of
+    m = mount_of(os.path.realpath(path))
+    if m is not None and m.shared:
+        sc.mount(None, m.point, None, sc.MS_PRIVATE)
 
 
 def set_root_propagation(propagation: str) -> None:
     sc.mount(None, "/", None, sc.MS_REC | ROOT_PROPAGATION[propagation])
 
 
-def write_sysctl(key: str, value: str) -> None:
-    path = "/proc/sys/" + key.replace(".", "/")
-    try:
-        with open(path, "w") as f:
-            f.write(value)
-    except OSError as e:
-        raise SetupError(f"linux.sysctl.{key}: write {path}: {e.strerror}") from None
-
-
 # --- helpers -------------------------------------------------------------------------------------
-def _create_file(dirfd: int, name: str) -> int:
+def create_file(dirfd: int, name: str) -> int:
     try:
         return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644,
                        dir_fd=dirfd)
@@ -656,15 +408,9 @@ def _create_file(dirfd: int, name: str) -> int:
 
 def _is_procfs(path: str) -> bool:
     """A bind of a procfs (the host's /proc or a pid's): what may be bound on /proc itself, as runc allows."""
-    real = os.path.realpath(path)
-    with open("/proc/self/mountinfo") as f:
-        best, fstype = "", ""
-        for line in f:
-            left, _, right = line.partition(" - ")
-            point = left.split()[4]
-            if (real == point or real.startswith(point.rstrip("/") + "/")) and len(point) >= len(best):
-                best, fstype = point, right.split()[0]
-    return fstype == "proc"
+    from runtime.mountinfo import mount_of
+    m = mount_of(os.path.realpath(path))
+    return m is not None and m.fstype == "proc"
 
 
 def _why(err: int) -> str:
@@ -684,13 +430,3 @@ def _locked_flags(path: str) -> int:
         if f & st_flag:
             out |= ms_flag
     return out
-
-
-def _cgroup_mount_opts(mnt: str) -> str:
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            left, _, right = line.partition(" - ")
-            if left.split()[4] == mnt and right.split()[0] == "cgroup":
-                opts = [o for o in right.split()[2].split(",") if o not in ("rw", "ro")]
-                return ",".join(opts)
-    raise SetupError(f"no cgroup hierarchy mounted at {mnt}")

@@ -429,27 +429,17 @@ def read_cached(cache_dir: str, digest: str) -> bytes | None:
 def write_cached(cache_dir: str, digest: str, program: bytes) -> bool:
     """Stores the program atomically (temp file + rename). Failing to cache is not an error: the
     container still starts, the next start just compiles again."""
+    from runtime.fsutil import atomic_write
     final = _cache_path(cache_dir, digest)
-    tmp = f"{final}.{os.getpid()}.tmp"
     try:
         os.makedirs(cache_dir, mode=0o700, exist_ok=True)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        try:
-            data = memoryview(_CACHE_MAGIC + bytes.fromhex(_sha256(program)) + program)
-            while data:
-                data = data[os.write(fd, data):]
-        finally:
-            os.close(fd)
-        os.rename(tmp, final)
+        # a cache: a file lost in a crash is compiled again, so no fsync (the entry is checksummed on read)
+        atomic_write(final, _CACHE_MAGIC + bytes.fromhex(_sha256(program)) + program, mode=0o600, durable=False)
         return True
     except OSError as err:
         import logging
 
         logging.getLogger("husk.seccomp").warning("cannot cache seccomp program %s in %s: %s", digest, cache_dir, err)
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
         return False
 
 

@@ -13,6 +13,7 @@ import json
 import socket
 
 from runtime.errors import SetupError
+from runtime.state import OCI_VERSION
 
 SECCOMP_FD_NAME = "seccompFd"
 
@@ -21,7 +22,7 @@ def process_state(state: dict, pid: int, metadata: str | None) -> dict:
     """The OCI "container process state" record for one seccomp fd; `state` is the container's state
     (ociVersion, id, status, pid, bundle, annotations) as `husk state` prints it."""
     record: dict = {
-        "ociVersion": state.get("ociVersion", "1.0.2"),
+        "ociVersion": state.get("ociVersion", OCI_VERSION),
         "fds": [SECCOMP_FD_NAME],
         "pid": pid,
         "state": state,

@@ -8,6 +8,8 @@ TYPE_CHECKING = False  # `typing` costs ~4 ms (it imports re): annotations only
 if TYPE_CHECKING:
     from typing import Any
 
+from runtime.state import OCI_VERSION
+
 DEFAULT_CAPS = ["CAP_AUDIT_WRITE", "CAP_KILL", "CAP_NET_BIND_SERVICE"]
 MASKED = ["/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats", "/proc/timer_list",
           "/proc/timer_stats", "/proc/sched_debug", "/sys/firmware", "/proc/scsi"]
@@ -16,7 +18,7 @@ READONLY = ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trig
 
 def default_spec(rootless: bool = False, uid: int = 0, gid: int = 0) -> dict[str, Any]:
     spec: dict[str, Any] = {
-        "ociVersion": "1.2.0",
+        "ociVersion": OCI_VERSION,
         "process": {
             "terminal": True,
             "user": {"uid": 0, "gid": 0},

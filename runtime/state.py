@@ -13,13 +13,21 @@ import sys
 TYPE_CHECKING = False  # typing costs ~2 ms to import; mypy treats this name as typing's
 
 from runtime.errors import ContainerExists, ContainerNotFound, InvalidContainerId
+from runtime.fsutil import atomic_write
 
 FORMAT = 1
 STATE_FILE = "state.marshal"
 STATE_JSON = "state.json"
 FIFO = "exec.sock"  # the start socket (runtime/sync.py), in the role of runc's exec.fifo
+LEGACY_FIFO = "exec.fifo"  # what a container created by an older husk still waits on (started by opening it)
 MAX_ID_LEN = 1024
+# The runtime-spec version husk implements (1.2.0: idmapped mounts, timeOffsets, ioPriority, execCPUAffinity; it
+# refuses 1.2.1/1.3 additions such as linux.netDevices and linux.memoryPolicy): the ociVersion of its states and
+# hook states, of `husk spec` and of the specs husk-cri builds (cri_server/spec/builder.py).
 OCI_VERSION = "1.2.0"
+# The ociVersion of a spec that uses nothing newer than 1.0.2: what husk-cri writes unless a pod needs a newer
+# field (idmapped mounts), so runtimes that refuse 1.2 specs still run its pods (crun 1.8: "unknown version").
+OCI_VERSION_BASELINE = "1.0.2"
 
 if TYPE_CHECKING:
     from typing import Any
@@ -185,25 +193,14 @@ def load(root: str, container_id: str) -> Record:
 
 
 def _atomic_write(path: str, data: bytes) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-    try:
-        os.write(fd, data)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+    # not durable on purpose: the state lives on tmpfs (/run) and dies with the boot, as runc's does
+    atomic_write(path, data, mode=0o600, durable=False)
 
 
 def write_pid_file(path: str, pid: int) -> None:
-    """runc's way: a temp file next to the target, then rename, so readers never see a partial pid."""
-    path = os.path.abspath(path)
-    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-    try:
-        os.write(fd, str(pid).encode())
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+    """runc's way: a temp file next to the target, then rename, so readers never see a partial pid (runc does
+    not fsync it either)."""
+    atomic_write(os.path.abspath(path), str(pid), mode=0o644, durable=False)
 
 
 def proc_stat(pid: int) -> tuple[str, int] | None:
@@ -230,7 +227,8 @@ def init_alive(rec: Record) -> bool:
 def status(root: str, rec: Record) -> str:
     if not init_alive(rec):
         return "stopped"
-    if os.path.exists(os.path.join(root, rec.id, FIFO)):
+    cdir = os.path.join(root, rec.id)
+    if os.path.exists(os.path.join(cdir, FIFO)) or os.path.exists(os.path.join(cdir, LEGACY_FIFO)):
         return "created"
     if _frozen(rec):
         return "paused"

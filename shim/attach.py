@@ -10,6 +10,10 @@ A client that falls more than MAX_QUEUED bytes behind is disconnected (the log a
 unless the process's output waits for its attached clients (exec processes, see ProcessIO): then the shim
 stops reading the process's output while a client is HIGH_WATER bytes behind, and on_drained resumes it.
 While the process's stdin buffer is full the shim reads no client packets (pause_input/resume_input).
+
+The clients (the only ones in the tree) are here too: `AttachClient` (blocking: tests, simple callers) and
+`AsyncAttachClient` (asyncio: husk-cri's streaming and ExecSync); both build and read packets with the
+same functions (stdin_packets, resize_packet, exit_status) and connect with `connect`.
 """
 from __future__ import annotations
 
@@ -211,24 +215,54 @@ class _Client:
         self.server._drained()      # its backlog is gone: output held back for it may flow again
 
 
+# --- clients ------------------------------------------------------------------------------------------------
+CLOSE_STDIN_PACKET = bytes([CLOSE_STDIN])
+
+
+def stdin_packets(data: bytes) -> list[bytes]:
+    """`data` as STDIN packets of at most MAX_PACKET bytes each."""
+    step = MAX_PACKET - 1
+    return [bytes([STDIN]) + data[start:start + step] for start in range(0, len(data), step)]
+
+
+def resize_packet(width: int, height: int) -> bytes:
+    return bytes([RESIZE]) + _SIZE.pack(width, height)
+
+
+def exit_status(body: bytes) -> int | None:
+    """The status of an EXIT packet's body (None if malformed)."""
+    return struct.unpack(">I", body)[0] if len(body) == 4 else None
+
+
+def connect(path: str, timeout: float | None) -> socket.socket:
+    """A connected SOCK_SEQPACKET socket to the attach socket at `path` (paths over 107 bytes go through
+    /proc/self/fd). A unix connect completes at once or fails; the timeout only guards a full backlog."""
+    from shim.unixpath import connect_unix
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+    try:
+        sock.settimeout(timeout)
+        connect_unix(sock, path)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 class AttachClient:
     """Blocking client for tests and simple callers: send stdin, resize, read (kind, data) messages."""
 
     def __init__(self, path: str, timeout: float | None = 10.0) -> None:
-        from shim.unixpath import connect_unix
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
-        self.sock.settimeout(timeout)
-        connect_unix(self.sock, path)
+        self.sock = connect(path, timeout)
 
     def write_stdin(self, data: bytes) -> None:
-        for start in range(0, len(data), MAX_PACKET - 1):
-            self.sock.send(bytes([STDIN]) + data[start:start + MAX_PACKET - 1])
+        for pkt in stdin_packets(data):
+            self.sock.send(pkt)
 
     def resize(self, width: int, height: int) -> None:
-        self.sock.send(bytes([RESIZE]) + _SIZE.pack(width, height))
+        self.sock.send(resize_packet(width, height))
 
     def close_stdin(self) -> None:
-        self.sock.send(bytes([CLOSE_STDIN]))
+        self.sock.send(CLOSE_STDIN_PACKET)
 
     def read(self) -> tuple[int, bytes] | None:
         pkt = self.sock.recv(MAX_PACKET)
@@ -249,7 +283,56 @@ class AttachClient:
             elif kind == STDERR:
                 err += body
             elif kind == EXIT:
-                status = struct.unpack(">I", body)[0]
+                status = exit_status(body)
 
     def close(self) -> None:
         self.sock.close()
+
+
+class AsyncAttachClient:
+    """The same channel on asyncio (husk-cri's loop): recv() yields (kind, payload) until the shim closes the
+    connection (after EXIT, or when it drops the client); the send side carries stdin, its close and
+    terminal sizes. asyncio is imported only by its users."""
+
+    def __init__(self, sock: socket.socket, path: str) -> None:
+        import asyncio
+        self._sock = sock
+        self.path = path
+        self._loop = asyncio.get_running_loop()
+        self.closed = False
+
+    @classmethod
+    async def connect(cls, path: str, timeout: float = 5.0) -> "AsyncAttachClient":
+        sock = connect(path, timeout)
+        try:
+            sock.setblocking(False)
+        except BaseException:
+            sock.close()
+            raise
+        return cls(sock, path)
+
+    async def recv(self) -> tuple[int, bytes] | None:
+        if self.closed:
+            return None
+        try:
+            pkt = await self._loop.sock_recv(self._sock, MAX_PACKET)
+        except (ConnectionResetError, BrokenPipeError):
+            return None
+        if not pkt:
+            return None
+        return pkt[0], pkt[1:]
+
+    async def write_stdin(self, data: bytes) -> None:
+        for pkt in stdin_packets(data):
+            await self._loop.sock_sendall(self._sock, pkt)
+
+    async def close_stdin(self) -> None:
+        await self._loop.sock_sendall(self._sock, CLOSE_STDIN_PACKET)
+
+    async def resize(self, width: int, height: int) -> None:
+        await self._loop.sock_sendall(self._sock, resize_packet(width, height))
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._sock.close()

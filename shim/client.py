@@ -1,8 +1,11 @@
-"""ttrpc clients for the shim's services: a thread-safe sync client and an asyncio client.
+"""The ttrpc clients of the shim's services (the only ones in the tree): a thread-safe sync client, an asyncio
+client, and one blocking call without threads.
 
 `TtrpcClient` multiplexes concurrent calls from many threads over one connection (a reader thread
-matches responses to stream ids); husk-cri may instead use `AsyncTtrpcClient` on its own event loop.
-`TaskClient`/`AsyncTaskClient` wrap them with one method per task API call. No grpc/protobuf here.
+matches responses to stream ids); husk-cri uses `AsyncTtrpcClient` on its own event loop. `TaskClient`
+wraps the sync one with one method per task API call, `AsyncTtrpcClient.task/husk` call by method name,
+`call_task_once` is one call on a fresh connection (husk-cri's offline commands). Requests and responses are
+built and read by shim/ttrpc_call.py, frames by shim/ttrpc_wire.py. No grpc/protobuf here.
 """
 from __future__ import annotations
 
@@ -19,6 +22,33 @@ from shim.unixpath import connect_unix, socket_path
 
 TASK_SERVICE = "containerd.task.v2.Task"
 HUSK_SERVICE = "husk.shim.v1.Shim"
+
+
+def resolve(service: str, method: str) -> tuple[type[Message], type[Message]]:
+    """The request and response types of `service`/`method` (the task API or husk's own); KeyError if unknown."""
+    table = taskpb.SERVICES[TASK_SERVICE] if service == TASK_SERVICE else huskpb.SERVICES[HUSK_SERVICE]
+    req_name, resp_name = table[method]
+    return lookup(req_name), lookup(resp_name)
+
+
+def _metadata(metadata: dict[str, str] | None, namespace: str) -> dict[str, str]:
+    md = dict(metadata or {})
+    if namespace:
+        md.setdefault(w.NAMESPACE_KEY, namespace)
+    return md
+
+
+def _response(payload: bytes | None, resp_type: type[Message]) -> Any:
+    """The answer of one response frame (None: the frame reader dropped it as too large)."""
+    if payload is None:
+        raise w.TtrpcError(w.RESOURCE_EXHAUSTED, "response too large")
+    return read_result(payload, resp_type)
+
+
+def call_task_once(address: str, method: str, timeout: float = 5.0, **fields: Any) -> Any:
+    """One containerd.task.v2.Task call on a fresh connection, no threads (husk-cri's offline commands)."""
+    req_type, resp_type = resolve(TASK_SERVICE, method)
+    return call_once(address, TASK_SERVICE, method, req_type(**fields), resp_type, timeout=timeout)
 
 
 class _Waiter:
@@ -54,10 +84,7 @@ class TtrpcClient:
              timeout: float | None = None, metadata: dict[str, str] | None = None) -> Any:
         if isinstance(resp_type, str):
             resp_type = lookup(resp_type)
-        md = dict(metadata or {})
-        if self.namespace:
-            md.setdefault(w.NAMESPACE_KEY, self.namespace)
-        body = make_request(service, method, req, timeout, md)
+        body = make_request(service, method, req, timeout, _metadata(metadata, self.namespace))
         waiter = _Waiter()
         with self._lock:
             if self._closed is not None:
@@ -76,8 +103,7 @@ class TtrpcClient:
             raise w.TtrpcError(w.DEADLINE_EXCEEDED, f"{service}/{method}: no answer in {timeout}s")
         if waiter.error is not None:
             raise ConnectionError(f"{service}/{method}: {waiter.error}")
-        assert waiter.payload is not None
-        return read_result(waiter.payload, resp_type)
+        return _response(waiter.payload, resp_type)
 
     def _read_loop(self) -> None:
         reader = w.FrameReader()
@@ -95,8 +121,6 @@ class TtrpcClient:
                         waiter = self._waiters.pop(sid, None)
                     if waiter is None:
                         continue
-                    if payload is None:
-                        waiter.error = w.TtrpcError(w.RESOURCE_EXHAUSTED, "response too large")
                     waiter.payload = payload
                     waiter.event.set()
         except OSError as e:
@@ -138,24 +162,19 @@ class TaskClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _call(self, method: str, timeout: float | None, **fields: Any) -> Any:
-        req_name, resp_name = taskpb.SERVICES[TASK_SERVICE][method]
-        return self.conn.call(TASK_SERVICE, method, lookup(req_name)(**fields), resp_name, timeout=timeout)
-
     def __getattr__(self, method: str) -> Any:
         if method in taskpb.SERVICES[TASK_SERVICE]:
-            def call(timeout: float | None = 60.0, **fields: Any) -> Any:
-                return self._call(method, timeout, **fields)
-            call.__name__ = method
-            return call
-        if method in huskpb.SERVICES[HUSK_SERVICE]:
-            def hcall(timeout: float | None = 60.0, **fields: Any) -> Any:
-                req_name, resp_name = huskpb.SERVICES[HUSK_SERVICE][method]
-                return self.conn.call(HUSK_SERVICE, method, lookup(req_name)(**fields), resp_name,
-                                      timeout=timeout)
-            hcall.__name__ = method
-            return hcall
-        raise AttributeError(method)
+            service = TASK_SERVICE
+        elif method in huskpb.SERVICES[HUSK_SERVICE]:
+            service = HUSK_SERVICE
+        else:
+            raise AttributeError(method)
+
+        def call(timeout: float | None = 60.0, **fields: Any) -> Any:
+            req_type, resp_type = resolve(service, method)
+            return self.conn.call(service, method, req_type(**fields), resp_type, timeout=timeout)
+        call.__name__ = method
+        return call
 
 
 class AsyncTtrpcClient:
@@ -190,9 +209,7 @@ class AsyncTtrpcClient:
         import asyncio
         if isinstance(resp_type, str):
             resp_type = lookup(resp_type)
-        md = dict(metadata or {})
-        if self.namespace:
-            md.setdefault(w.NAMESPACE_KEY, self.namespace)
+        md = _metadata(metadata, self.namespace)
         if self._closed is not None:
             # A call after the connection ended would wait for an answer forever (Wait has no timeout).
             raise ConnectionError(f"{service}/{method}: ttrpc connection closed: {self._closed}")
@@ -212,16 +229,22 @@ class AsyncTtrpcClient:
             raise w.TtrpcError(w.DEADLINE_EXCEEDED, f"{service}/{method}: no answer in {timeout}s") from None
         finally:
             self._futures.pop(sid, None)
-        return read_result(payload, resp_type)
+        return _response(payload, resp_type)
+
+    @property
+    def closed(self) -> bool:
+        """True once the connection ended (no answer can come): reconnect instead of calling."""
+        return self._closed is not None or self._task.done()
 
     async def task(self, method: str, timeout: float | None = 60.0, **fields: Any) -> Any:
         """A containerd.task.v2.Task call by method name with the request's fields as keywords."""
-        req_name, resp_name = taskpb.SERVICES[TASK_SERVICE][method]
-        return await self.call(TASK_SERVICE, method, lookup(req_name)(**fields), resp_name, timeout=timeout)
+        req_type, resp_type = resolve(TASK_SERVICE, method)
+        return await self.call(TASK_SERVICE, method, req_type(**fields), resp_type, timeout=timeout)
 
     async def husk(self, method: str, timeout: float | None = 60.0, **fields: Any) -> Any:
-        req_name, resp_name = huskpb.SERVICES[HUSK_SERVICE][method]
-        return await self.call(HUSK_SERVICE, method, lookup(req_name)(**fields), resp_name, timeout=timeout)
+        """A husk.shim.v1.Shim call by method name with the request's fields as keywords."""
+        req_type, resp_type = resolve(HUSK_SERVICE, method)
+        return await self.call(HUSK_SERVICE, method, req_type(**fields), resp_type, timeout=timeout)
 
     async def _read_loop(self) -> None:
         reader = w.FrameReader()
@@ -236,10 +259,7 @@ class AsyncTtrpcClient:
                     fut = self._futures.get(sid)
                     if mtype != w.TYPE_RESPONSE or fut is None or fut.done():
                         continue
-                    if payload is None:
-                        fut.set_exception(w.TtrpcError(w.RESOURCE_EXHAUSTED, "response too large"))
-                    else:
-                        fut.set_result(payload)
+                    fut.set_result(payload)
         except OSError as e:
             err = e
         self._closed = err

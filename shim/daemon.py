@@ -13,7 +13,7 @@ import sys
 
 from shim.log import get as get_logger
 from shim.loop import Loop
-from shim.proctitle import set_title
+from runtime.linux.proctitle import set_title
 from shim.runtime_driver import IN_PROCESS
 from shim.service import ShimConfig, TaskService
 
@@ -50,9 +50,9 @@ def serve(cfg: ShimConfig, listener: socket.socket | None = None, ready_fd: int 
     loop.add_signal(signal.SIGCHLD, svc.reap)
 
     def on_term() -> None:
-        if svc.init is not None and not svc.deleted and svc.init.exit is None:
-            # The shim is the container's parent: it does not leave while the container lives.
-            log.warning("SIGTERM ignored: container %s is still running", cfg.id)
+        if svc.live():
+            # The shim is the containers' parent: it does not leave while one lives.
+            log.warning("SIGTERM ignored: a container of shim %s is still running", cfg.id)
             return
         loop.stop()
 
@@ -100,12 +100,8 @@ def _remove_state(state_dir: str, remove_dir: bool) -> None:
 
 
 def _write_atomic(path: str, text: str) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.rename(tmp, path)
+    from runtime.fsutil import atomic_write  # the file fsync'd, its directory not (the address dies with the boot)
+    atomic_write(path, text, sync_dir=False)
 
 
 # --- starting a detached shim in a fresh interpreter ---------------------------------------------

@@ -20,17 +20,11 @@ def path_for(state_dir: str, exec_id: str) -> str:
 
 
 def write(state_dir: str, exec_id: str, rec: ExitRecord) -> None:
-    target = path_for(state_dir, exec_id)
-    tmp = f"{target}.tmp"
-    # One text line "pid exit_status exited_at_ns oom_killed": no json import in the shim.
-    data = f"{rec.pid} {rec.exit_status} {rec.exited_at_ns} {1 if rec.oom_killed else 0}\n".encode()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.rename(tmp, target)
+    from runtime.fsutil import atomic_write
+    # One text line "pid exit_status exited_at_ns oom_killed": no json import in the shim. The file is fsync'd,
+    # its directory not: an exit status matters to a shim restarted in this boot, not after a power loss.
+    data = f"{rec.pid} {rec.exit_status} {rec.exited_at_ns} {1 if rec.oom_killed else 0}\n"
+    atomic_write(path_for(state_dir, exec_id), data, mode=0o600, sync_dir=False)
 
 
 def read(state_dir: str, exec_id: str = "") -> ExitRecord | None:

@@ -60,10 +60,11 @@ def socket_address(containerd_address: str, namespace: str, container_id: str) -
 
 
 def _can_connect(path: str) -> bool:
+    from shim.unixpath import connect_unix
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(2)
     try:
-        s.connect(path)
+        connect_unix(s, path)
         return True
     except OSError:
         return False
@@ -93,16 +94,43 @@ def _open_shim_log(bundle: str) -> int:
         return os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
 
 
+# The annotations that group containers into one shim, as containerd-shim-runc-v2 reads them (its
+# groupLabels): the CRI plugin puts the pod's sandbox id on the pause container and every container of the pod.
+GROUP_ANNOTATIONS = ("io.containerd.runc.v2.group", "io.kubernetes.cri.sandbox-id")
+
+
+def grouping_id(bundle: str, container_id: str) -> str:
+    """The id whose shim serves `container_id`: its group from <bundle>/config.json's annotations, else
+    itself (a container of a pod goes to the shim of the pod's sandbox, whose socket is derived from it)."""
+    try:
+        with open(os.path.join(bundle, "config.json")) as f:
+            annotations = json.load(f).get("annotations") or {}
+    except (OSError, ValueError, AttributeError):
+        return container_id
+    for key in GROUP_ANNOTATIONS:
+        group = annotations.get(key) if isinstance(annotations, dict) else None
+        if isinstance(group, str) and group:
+            return group
+    return container_id
+
+
 def containerd_start(flags: dict[str, str]) -> int:
-    from shim.daemon import launch_fresh
+    from shim.daemon import _write_atomic, launch_fresh
     bundle = os.getcwd()
     cfg = _containerd_config(flags, bundle)
-    if os.path.exists(cfg.address) and _can_connect(cfg.address):
-        sys.stdout.write(f"unix://{cfg.address}")
-        return 0
+    group = grouping_id(bundle, cfg.id)
+    if group != cfg.id:
+        cfg.address = socket_address(flags.get("address", ""), cfg.namespace, group)
     # Save the runtime choice for `delete`, which must find the same runtime and root after a crash.
     with open(os.path.join(bundle, "runtime.json"), "w") as f:
         json.dump({"runtime": cfg.runtime, "runtime_root": os.path.join(cfg.runtime_root, cfg.namespace)}, f)
+    if os.path.exists(cfg.address):
+        if _can_connect(cfg.address):
+            # the group's shim runs (or a second start of the same id): it serves this container too
+            _write_atomic(os.path.join(bundle, "address"), f"unix://{cfg.address}")
+            sys.stdout.write(f"unix://{cfg.address}")
+            return 0
+        os.unlink(cfg.address)      # left by a shim that died
     os.makedirs(os.path.dirname(cfg.address), mode=0o711, exist_ok=True)
     from shim.ttrpc_server import listen_unix
     listener = listen_unix(cfg.address)

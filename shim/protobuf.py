@@ -1,7 +1,7 @@
 """A small protobuf (proto3) wire codec driven by field tables; the generated classes in shim/pb use it.
 
 Owns varint/length-delimited/fixed encoding and decoding of messages. It must stay stdlib-only and
-cheap to import: the shim loads it on every start (no google.protobuf, see DESIGN.md).
+cheap to import: the shim loads it on every start (no google.protobuf, a heavy import, in every shim).
 """
 from __future__ import annotations
 

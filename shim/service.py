@@ -1,7 +1,10 @@
-"""The containerd.task.v2.Task service (and husk.shim.v1.Shim) for one container and its exec processes.
+"""The containerd.task.v2.Task service (and husk.shim.v1.Shim): the tasks (containers) one shim serves.
 
-Owns the process table, exit bookkeeping (exit files, Wait replies, TaskExit events) and the order of
-events. It runs on the shim's single-threaded loop: handlers may block only on the runtime they call.
+A shim serves one task or, grouped as containerd-shim-runc-v2 groups a pod, several: the pod's pause
+container and its containers, each keyed by its id, with its own processes (init and execs), stdio, CRI
+log, exit files, attach sockets, cgroup and OOM watcher. Owns the process tables, exit bookkeeping (exit
+files, Wait replies, TaskExit events) and the order of events. It runs on the shim's single-threaded loop:
+handlers may block only on the runtime they call.
 """
 from __future__ import annotations
 
@@ -13,8 +16,6 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable
 
-    from runtime.cgroups.manager import Manager
-
 from shim import cgroup_watch, exitfile
 from shim import ttrpc_wire as w
 from shim.crilog import CriLogWriter
@@ -23,7 +24,7 @@ from shim.loop import Loop
 from shim.pb import events as ev
 from shim.pb import google, husk as huskpb, runc_options, task as taskpb, task_types
 from shim.record import REQUIRED, Record
-from shim.runtime_driver import RuntimeDriver, RuntimeFailure, RuntimeOptions, make_driver
+from shim.runtime_driver import RuntimeFailure, RuntimeOptions, make_driver
 from shim.stdio import ProcessIO
 from shim.ttrpc_server import PENDING, CallContext
 from shim.log import get as get_logger
@@ -43,10 +44,12 @@ S = task_types.Status
 class ShimConfig(Record):
     """Everything a shim instance needs; the CLI, containerd's `start` and the spawner all build one.
 
-    id: the container id this shim serves; address: the socket path it listens on; state_dir: its own
-    files (exit records, attach sockets, pid files); runtime: "husk" (in-process) or a runc-compatible
-    binary; ttrpc_address: containerd's ttrpc socket for events ("" = none); allowed_uids: peers allowed
-    to connect (None = anyone); write_address_file: containerd mode, writes <bundle>/address.
+    id: the first task's id (the pod's sandbox id when grouped; the shim's name); address: the socket path
+    it listens on; state_dir: the first task's files (exit records, attach sockets, pid files) and the
+    shim's; runtime: "husk" (in-process) or a runc-compatible binary; ttrpc_address: containerd's ttrpc
+    socket for events ("" = none); allowed_uids: peers allowed to connect (None = anyone);
+    write_address_file: containerd mode, writes <bundle>/address (and a grouped task's files go to its
+    bundle, as containerd's shims keep them).
     """
     __slots__ = ("id", "address", "state_dir", "namespace", "runtime", "runtime_root", "ttrpc_address",
                  "bundle", "allowed_uids", "write_address_file")
@@ -81,12 +84,22 @@ class ShimConfig(Record):
 
 
 class Proc(Record):
-    """One process of the task: the init (exec_id "") or an exec."""
-    __slots__ = ("exec_id", "io", "stdin", "stdout", "stderr", "terminal", "spec", "pid", "status", "exit",
+    """One process of a task: the init (exec_id "") or an exec; `cid` is its task's id."""
+    __slots__ = ("cid", "exec_id", "io", "stdin", "stdout", "stderr", "terminal", "spec", "pid", "status", "exit",
                  "waiters")
-    FIELDS = (("exec_id", REQUIRED), ("io", REQUIRED), ("stdin", ""), ("stdout", ""), ("stderr", ""),
-              ("terminal", False), ("spec", None), ("pid", 0), ("status", S.CREATED), ("exit", None),
-              ("waiters", []))
+    FIELDS = (("cid", REQUIRED), ("exec_id", REQUIRED), ("io", REQUIRED), ("stdin", ""), ("stdout", ""),
+              ("stderr", ""), ("terminal", False), ("spec", None), ("pid", 0), ("status", S.CREATED),
+              ("exit", None), ("waiters", []))
+
+
+class Task(Record):
+    """One container the shim serves: its runtime driver, init and exec processes, files and cgroup.
+    state_dir holds its exit files, attach sockets, pid files and runtime log."""
+    __slots__ = ("id", "state_dir", "bundle", "driver", "init", "execs", "rootfs_mounted", "cgroup", "oom",
+                 "oom_seen", "crilog", "made_state_dir")
+    FIELDS = (("id", REQUIRED), ("state_dir", REQUIRED), ("bundle", ""), ("driver", None), ("init", None),
+              ("execs", {}), ("rootfs_mounted", ""), ("cgroup", None), ("oom", None), ("oom_seen", False),
+              ("crilog", None), ("made_state_dir", False))
 
 
 class TaskService:
@@ -96,33 +109,27 @@ class TaskService:
         self.cfg = cfg
         self.events = publisher
         self.on_shutdown = on_shutdown
-        self.init: Proc | None = None
-        self.execs: dict[str, Proc] = {}
-        self.driver: RuntimeDriver | None = None
-        self.bundle = cfg.bundle
-        self.rootfs_mounted = ""
-        self.cgroup: Manager | None = None
-        self.oom: cgroup_watch.OomWatcher | None = None
-        self.oom_seen = False
-        self.crilog: CriLogWriter | None = None
-        self.deleted = False
+        self.tasks: dict[str, Task] = {}     # created and not yet deleted, by container id
         self.unclaimed: dict[int, tuple[int, int]] = {}     # pid -> (wait status, time) reaped before known
         self.shutting_down = False
 
     # --- helpers -------------------------------------------------------------------------
-    def _check_id(self, cid: str) -> None:
-        if cid != self.cfg.id:
-            raise w.TtrpcError(w.NOT_FOUND, f"container {cid!r} not found (this shim serves {self.cfg.id!r})")
+    def live(self) -> bool:
+        """Some task's init has not exited (the shim then ignores SIGTERM: it is their parent)."""
+        return any(t.init is not None and t.init.exit is None for t in self.tasks.values())
+
+    def _task(self, cid: str) -> Task:
+        t = self.tasks.get(cid)
+        if t is None or t.init is None:
+            # never created, or deleted: as containerd-shim-runc-v2 answers ("container not created")
+            raise w.TtrpcError(w.NOT_FOUND, f"container {cid!r}: task not created")
+        return t
 
     def _proc(self, cid: str, exec_id: str) -> Proc:
-        self._check_id(cid)
-        if self.init is None or self.deleted:
-            # after Delete of the init the task is gone, as in containerd-shim-runc-v2 ("container not created")
-            raise w.TtrpcError(w.NOT_FOUND, f"container {cid!r}: task not created"
-                               + (" (deleted)" if self.deleted else ""))
+        t = self._task(cid)
         if not exec_id:
-            return self.init
-        p = self.execs.get(exec_id)
+            return t.init
+        p = t.execs.get(exec_id)
         if p is None:
             raise w.TtrpcError(w.NOT_FOUND, f"container {cid!r}: exec {exec_id!r} not found")
         return p
@@ -130,49 +137,72 @@ class TaskService:
     def _runtime_error(self, err: RuntimeFailure) -> w.TtrpcError:
         return w.TtrpcError(w.NOT_FOUND if err.not_found else w.UNKNOWN, str(err))
 
-    def _attach_path(self, exec_id: str) -> str:
-        return os.path.join(self.cfg.state_dir, f"attach-{exec_id}.sock" if exec_id else "attach.sock")
+    def _attach_path(self, t: Task, exec_id: str) -> str:
+        return os.path.join(t.state_dir, f"attach-{exec_id}.sock" if exec_id else "attach.sock")
+
+    def _state_dir(self, cid: str, option: str, bundle: str) -> tuple[str, bool]:
+        """Where a task's files go, and whether the shim made the directory: the shim's own for its first
+        task; for a grouped task the Create options' state_dir, else (containerd) its bundle, else a
+        subdirectory of the shim's."""
+        if cid == self.cfg.id:
+            return self.cfg.state_dir, False
+        if option:
+            if not os.path.isabs(option):
+                raise w.TtrpcError(w.INVALID_ARGUMENT, f"options state_dir {option!r}: not an absolute path")
+            d = option
+        elif self.cfg.write_address_file:
+            return bundle, False
+        else:
+            d = os.path.join(self.cfg.state_dir, cid)
+        made = not os.path.isdir(d)
+        os.makedirs(d, mode=0o711, exist_ok=True)
+        return d, made
 
     # --- Create --------------------------------------------------------------------------
     def Create(self, ctx: CallContext, req: taskpb.CreateTaskRequest) -> taskpb.CreateTaskResponse:
-        if req.id != self.cfg.id:
-            raise w.TtrpcError(w.INVALID_ARGUMENT, f"this shim serves container {self.cfg.id!r}, not {req.id!r}")
-        if self.init is not None:
-            raise w.TtrpcError(w.ALREADY_EXISTS, f"container {req.id!r} already created")
         if req.checkpoint:
             raise w.TtrpcError(w.UNIMPLEMENTED, "restoring from a checkpoint is not supported by husk-shim")
         if not req.bundle or not os.path.isfile(os.path.join(req.bundle, "config.json")):
             raise w.TtrpcError(w.INVALID_ARGUMENT, f"bundle {req.bundle!r}: no config.json")
+        if not valid_exec_id(req.id):
+            raise w.TtrpcError(w.INVALID_ARGUMENT, f"container id {req.id!r}: want 1-128 of [A-Za-z0-9_.-]")
+        if req.id in self.tasks:
+            raise w.TtrpcError(w.ALREADY_EXISTS, f"container {req.id!r} already created")
+        if self.shutting_down:
+            raise w.TtrpcError(w.FAILED_PRECONDITION, f"create {req.id}: the shim is shutting down")
         runtime, root, opts, log_path, stdin_once = self._options(req.options)
+        state_dir, made = self._state_dir(req.id, self._state_dir_option(req.options), req.bundle)
+        t = Task(req.id, state_dir, req.bundle, made_state_dir=made)
         try:
-            self.driver = make_driver(runtime, RuntimeOptions(root=root, **opts),
-                                      os.path.join(self.cfg.state_dir, "runtime-log.json"))
+            t.driver = make_driver(runtime, RuntimeOptions(root=root, **opts),
+                                   os.path.join(state_dir, "runtime-log.json"))
         except (RuntimeFailure, ImportError) as err:
+            self._undo_create(t)
             raise w.TtrpcError(w.FAILED_PRECONDITION, f"runtime {runtime!r}: {err}") from err
         os.makedirs(root, mode=0o711, exist_ok=True)
-        self.bundle = req.bundle
         if req.rootfs:
             from shim.rootfs import mount_rootfs   # ctypes: only when containerd passes mounts
             try:
-                self.rootfs_mounted = mount_rootfs(req.bundle, list(req.rootfs))
+                t.rootfs_mounted = mount_rootfs(req.bundle, list(req.rootfs))
             except (OSError, ValueError) as err:
+                self._undo_create(t)
                 raise w.TtrpcError(w.INVALID_ARGUMENT, f"rootfs mounts: {err}") from err
         try:
             if log_path:
-                self.crilog = CriLogWriter(log_path)
-            io = ProcessIO(self.loop, self.cfg.id, stdin=req.stdin, stdout=req.stdout, stderr=req.stderr,
-                           terminal=req.terminal, crilog=self.crilog, attach_path=self._attach_path(""),
-                           console_dir=self.cfg.state_dir, stdin_once=stdin_once)
+                t.crilog = CriLogWriter(log_path)
+            io = ProcessIO(self.loop, req.id, stdin=req.stdin, stdout=req.stdout, stderr=req.stderr,
+                           terminal=req.terminal, crilog=t.crilog, attach_path=self._attach_path(t, ""),
+                           console_dir=state_dir, stdin_once=stdin_once)
         except (OSError, ValueError) as err:
-            self._undo_create()
+            self._undo_create(t)
             raise w.TtrpcError(w.INVALID_ARGUMENT, f"stdio: {err}") from err
-        pid_file = os.path.join(self.cfg.state_dir, "init.pid")
+        pid_file = os.path.join(state_dir, "init.pid")
         since = time.time_ns()
         try:
-            pid = self.driver.create(self.cfg.id, req.bundle, io.child, pid_file)
+            pid = t.driver.create(req.id, req.bundle, io.child, pid_file)
         except RuntimeFailure as err:
             io.abandon()
-            self._undo_create()
+            self._undo_create(t)
             raise self._runtime_error(err) from err
         try:
             io.started()
@@ -180,33 +210,47 @@ class TaskService:
             # e.g. the runtime never sent the console: the container cannot be used, remove it.
             io.abandon()
             try:
-                self.driver.delete(self.cfg.id, force=True)
+                t.driver.delete(req.id, force=True)
             except RuntimeFailure as derr:
-                log.error("%s: removing the container after a stdio failure: %s", self.cfg.id, derr)
+                log.error("%s: removing the container after a stdio failure: %s", req.id, derr)
             self.reap()
-            self._undo_create()
-            raise w.TtrpcError(w.UNKNOWN, f"create {self.cfg.id}: stdio: {err}") from err
-        proc = Proc("", io, req.stdin, req.stdout, req.stderr, req.terminal, pid=pid)
-        self.init = proc
+            self._undo_create(t)
+            raise w.TtrpcError(w.UNKNOWN, f"create {req.id}: stdio: {err}") from err
+        proc = Proc(req.id, "", io, req.stdin, req.stdout, req.stderr, req.terminal, pid=pid)
+        t.init = proc
+        self.tasks[req.id] = t
         try:
-            self.cgroup = cgroup_watch.cgroup_of(pid)
-            self.oom = cgroup_watch.OomWatcher(self.loop, self.cgroup, self._on_oom)
+            t.cgroup = cgroup_watch.cgroup_of(pid)
+            t.oom = cgroup_watch.OomWatcher(self.loop, t.cgroup, lambda: self._on_oom(t))
         except (OSError, ValueError) as err:
-            log.warning("%s: cgroup of pid %d: %s", self.cfg.id, pid, err)
-        self.events.publish(ev.TaskCreate(container_id=self.cfg.id, bundle=req.bundle, rootfs=list(req.rootfs),
+            log.warning("%s: cgroup of pid %d: %s", req.id, pid, err)
+        self.events.publish(ev.TaskCreate(container_id=req.id, bundle=req.bundle, rootfs=list(req.rootfs),
                                           io=ev.TaskIO(stdin=req.stdin, stdout=req.stdout, stderr=req.stderr,
                                                        terminal=req.terminal), pid=pid))
         self._claim(proc, since)
         return taskpb.CreateTaskResponse(pid=pid)
 
-    def _undo_create(self) -> None:
-        if self.rootfs_mounted:
+    def _undo_create(self, t: Task) -> None:
+        if t.rootfs_mounted:
             from shim.rootfs import unmount_rootfs
-            unmount_rootfs(self.rootfs_mounted)
-            self.rootfs_mounted = ""
-        if self.crilog is not None:
-            self.crilog.close()
-            self.crilog = None
+            unmount_rootfs(t.rootfs_mounted)
+            t.rootfs_mounted = ""
+        if t.crilog is not None:
+            t.crilog.close()
+            t.crilog = None
+        self._remove_task_files(t)
+
+    def _remove_task_files(self, t: Task) -> None:
+        """A grouped task's directory made by the shim goes with the task (the first task's is the shim's)."""
+        if t.made_state_dir:
+            import shutil
+            shutil.rmtree(t.state_dir, ignore_errors=True)
+
+    def _state_dir_option(self, opts: google.Any | None) -> str:
+        """husk.shim.v1.CreateOptions.state_dir ("" otherwise; `_options` has checked the options)."""
+        if opts is None or not opts.type_url.endswith("husk.shim.v1.CreateOptions"):
+            return ""
+        return huskpb.CreateOptions.decode(opts.value).state_dir
 
     def _options(self, opts: google.Any | None) -> tuple[str, str, dict[str, bool], str, bool]:
         runtime, root = self.cfg.runtime, os.path.join(self.cfg.runtime_root)
@@ -237,25 +281,25 @@ class TaskService:
 
     # --- Start ---------------------------------------------------------------------------
     def Start(self, ctx: CallContext, req: taskpb.StartRequest) -> taskpb.StartResponse:
+        t = self._task(req.id)
         p = self._proc(req.id, req.exec_id)
-        assert self.driver is not None
         if p.status != S.CREATED:
             raise w.TtrpcError(w.FAILED_PRECONDITION, f"{self._name(p)} is {S.NAMES[p.status].lower()}, not created")
         if not p.exec_id:
             try:
-                self.driver.start(self.cfg.id)
+                t.driver.start(t.id)
             except RuntimeFailure as err:
                 raise self._runtime_error(err) from err
             if p.exit is None:
                 p.status = S.RUNNING
-            self.events.publish(ev.TaskStart(container_id=self.cfg.id, pid=p.pid))
+            self.events.publish(ev.TaskStart(container_id=t.id, pid=p.pid))
             return taskpb.StartResponse(pid=p.pid)
-        if self.init is None or self.init.status not in (S.RUNNING, S.PAUSED):
+        if t.init.status not in (S.RUNNING, S.PAUSED):
             raise w.TtrpcError(w.FAILED_PRECONDITION, f"{self._name(p)}: container is not running")
-        pid_file = os.path.join(self.cfg.state_dir, f"exec-{p.exec_id}.pid")
+        pid_file = os.path.join(t.state_dir, f"exec-{p.exec_id}.pid")
         since = time.time_ns()
         try:
-            p.pid = self.driver.exec(self.cfg.id, p.spec or {}, p.io.child, pid_file)
+            p.pid = t.driver.exec(t.id, p.spec or {}, p.io.child, pid_file)
         except RuntimeFailure as err:
             p.io.abandon()
             p.status = S.STOPPED
@@ -277,21 +321,21 @@ class TaskService:
                 pass
             p.io.abandon()
         p.status = S.RUNNING
-        self.events.publish(ev.TaskExecStarted(container_id=self.cfg.id, exec_id=p.exec_id, pid=p.pid))
+        self.events.publish(ev.TaskExecStarted(container_id=t.id, exec_id=p.exec_id, pid=p.pid))
         self._claim(p, since)
         return taskpb.StartResponse(pid=p.pid)
 
     def _name(self, p: Proc) -> str:
-        return f"exec {p.exec_id!r}" if p.exec_id else f"container {self.cfg.id!r}"
+        return f"container {p.cid!r} exec {p.exec_id!r}" if p.exec_id else f"container {p.cid!r}"
 
     # --- Exec ----------------------------------------------------------------------------
     def Exec(self, ctx: CallContext, req: taskpb.ExecProcessRequest) -> google.Empty:
-        self._proc(req.id, "")
+        t = self._task(req.id)
         if not valid_exec_id(req.exec_id):
             raise w.TtrpcError(w.INVALID_ARGUMENT, f"exec id {req.exec_id!r}: want 1-128 of [A-Za-z0-9_.-]")
-        if req.exec_id in self.execs:
+        if req.exec_id in t.execs:
             raise w.TtrpcError(w.ALREADY_EXISTS, f"exec {req.exec_id!r} already exists")
-        if self.init is None or self.init.status in (S.STOPPED,):
+        if t.init.status in (S.STOPPED,):
             raise w.TtrpcError(w.FAILED_PRECONDITION, f"container {req.id!r} is not running")
         if req.spec is None or not req.spec.value:
             raise w.TtrpcError(w.INVALID_ARGUMENT, "exec: spec (the OCI process as JSON) is required")
@@ -304,21 +348,23 @@ class TaskService:
             raise w.TtrpcError(w.INVALID_ARGUMENT, f"exec spec: {err}") from err
         spec["terminal"] = bool(req.terminal)
         try:
-            io = ProcessIO(self.loop, f"{self.cfg.id}/{req.exec_id}", stdin=req.stdin, stdout=req.stdout,
-                           stderr=req.stderr, terminal=req.terminal, attach_path=self._attach_path(req.exec_id),
-                           console_dir=self.cfg.state_dir, attach_backpressure=True)
+            io = ProcessIO(self.loop, f"{t.id}/{req.exec_id}", stdin=req.stdin, stdout=req.stdout,
+                           stderr=req.stderr, terminal=req.terminal, attach_path=self._attach_path(t, req.exec_id),
+                           console_dir=t.state_dir, attach_backpressure=True)
         except (OSError, ValueError) as err:
             raise w.TtrpcError(w.INVALID_ARGUMENT, f"exec stdio: {err}") from err
-        self.execs[req.exec_id] = Proc(req.exec_id, io, req.stdin, req.stdout, req.stderr, req.terminal, spec=spec)
-        self.events.publish(ev.TaskExecAdded(container_id=self.cfg.id, exec_id=req.exec_id))
+        t.execs[req.exec_id] = Proc(t.id, req.exec_id, io, req.stdin, req.stdout, req.stderr, req.terminal,
+                                    spec=spec)
+        self.events.publish(ev.TaskExecAdded(container_id=t.id, exec_id=req.exec_id))
         return google.Empty()
 
     # --- State / Pids / Stats / Connect --------------------------------------------------
     def State(self, ctx: CallContext, req: taskpb.StateRequest) -> taskpb.StateResponse:
+        t = self._task(req.id)
         p = self._proc(req.id, req.exec_id)
-        if p is self.init and p.status in (S.RUNNING, S.PAUSED) and self.driver is not None:
-            p.status = self._runtime_status(p)
-        r = taskpb.StateResponse(id=req.exec_id or self.cfg.id, bundle=self.bundle, pid=p.pid, status=p.status,
+        if p is t.init and p.status in (S.RUNNING, S.PAUSED):
+            p.status = self._runtime_status(t, p)
+        r = taskpb.StateResponse(id=req.exec_id or t.id, bundle=t.bundle, pid=p.pid, status=p.status,
                                  stdin=p.stdin, stdout=p.stdout, stderr=p.stderr, terminal=p.terminal,
                                  exec_id=req.exec_id)
         if p.exit is not None:
@@ -326,22 +372,22 @@ class TaskService:
             r.exited_at = ts_from_ns(p.exit.exited_at_ns)
         return r
 
-    def _runtime_status(self, p: Proc) -> int:
+    def _runtime_status(self, t: Task, p: Proc) -> int:
         """Paused/running as the cgroup freezer says (cheap; the runtime binary is not run)."""
-        paused = cgroup_watch.paused(self.cgroup) if self.cgroup is not None else None
+        paused = cgroup_watch.paused(t.cgroup) if t.cgroup is not None else None
         if paused is not None:
             return S.PAUSED if paused else S.RUNNING
         return p.status
 
     def Pids(self, ctx: CallContext, req: taskpb.PidsRequest) -> taskpb.PidsResponse:
-        self._proc(req.id, "")
-        pids = cgroup_watch.pids(self.cgroup) if self.cgroup is not None else []
-        if not pids and self.driver is not None and self.init is not None and self.init.exit is None:
+        t = self._task(req.id)
+        pids = cgroup_watch.pids(t.cgroup) if t.cgroup is not None else []
+        if not pids and t.init.exit is None:
             try:
-                pids = self.driver.ps(self.cfg.id)
+                pids = t.driver.ps(t.id)
             except RuntimeFailure as err:
                 raise self._runtime_error(err) from err
-        by_pid = {p.pid: p.exec_id for p in self.execs.values() if p.pid}
+        by_pid = {p.pid: p.exec_id for p in t.execs.values() if p.pid}
         out = []
         for pid in pids:
             info = None
@@ -352,20 +398,21 @@ class TaskService:
         return taskpb.PidsResponse(processes=out)
 
     def Stats(self, ctx: CallContext, req: taskpb.StatsRequest) -> taskpb.StatsResponse:
-        self._proc(req.id, "")
-        if self.cgroup is None:
+        t = self._task(req.id)
+        if t.cgroup is None:
             raise w.TtrpcError(w.NOT_FOUND, f"container {req.id!r}: no cgroup known")
-        m = cgroup_watch.metrics(self.cgroup)
+        m = cgroup_watch.metrics(t.cgroup)
         return taskpb.StatsResponse(stats=google.Any(type_url=m.FULL_NAME, value=m.encode()))
 
     def Connect(self, ctx: CallContext, req: taskpb.ConnectRequest) -> taskpb.ConnectResponse:
-        return taskpb.ConnectResponse(shim_pid=os.getpid(), task_pid=self.init.pid if self.init else 0,
+        t = self.tasks.get(req.id) or self.tasks.get(self.cfg.id)
+        return taskpb.ConnectResponse(shim_pid=os.getpid(), task_pid=t.init.pid if t and t.init else 0,
                                       version=VERSION)
 
     # --- Kill / Pause / Resume / Update / ResizePty / CloseIO ------------------------------
     def Kill(self, ctx: CallContext, req: taskpb.KillRequest) -> google.Empty:
+        t = self._task(req.id)
         p = self._proc(req.id, req.exec_id)
-        assert self.driver is not None
         if p.exit is not None and not (req.all and not p.exec_id):
             raise w.TtrpcError(w.NOT_FOUND, f"{self._name(p)}: process already finished")
         if p.exec_id:
@@ -382,7 +429,7 @@ class TaskService:
                 raise w.TtrpcError(w.NOT_FOUND, f"{self._name(p)}: process already finished") from None
             return google.Empty()
         try:
-            self.driver.kill(self.cfg.id, req.signal, all=req.all)
+            t.driver.kill(t.id, req.signal, all=req.all)
         except RuntimeFailure as err:
             if p.exit is not None or err.not_found:
                 raise w.TtrpcError(w.NOT_FOUND, f"{self._name(p)}: process already finished") from err
@@ -390,34 +437,31 @@ class TaskService:
         return google.Empty()
 
     def Pause(self, ctx: CallContext, req: taskpb.PauseRequest) -> google.Empty:
-        p = self._proc(req.id, "")
-        assert self.driver is not None
+        t = self._task(req.id)
         try:
-            self.driver.pause(self.cfg.id)
+            t.driver.pause(t.id)
         except RuntimeFailure as err:
             raise self._runtime_error(err) from err
-        p.status = S.PAUSED
-        self.events.publish(ev.TaskPaused(container_id=self.cfg.id))
+        t.init.status = S.PAUSED
+        self.events.publish(ev.TaskPaused(container_id=t.id))
         return google.Empty()
 
     def Resume(self, ctx: CallContext, req: taskpb.ResumeRequest) -> google.Empty:
-        p = self._proc(req.id, "")
-        assert self.driver is not None
+        t = self._task(req.id)
         try:
-            self.driver.resume(self.cfg.id)
+            t.driver.resume(t.id)
         except RuntimeFailure as err:
             raise self._runtime_error(err) from err
-        if p.exit is None:
-            p.status = S.RUNNING
-        self.events.publish(ev.TaskResumed(container_id=self.cfg.id))
+        if t.init.exit is None:
+            t.init.status = S.RUNNING
+        self.events.publish(ev.TaskResumed(container_id=t.id))
         return google.Empty()
 
     def Checkpoint(self, ctx: CallContext, req: taskpb.CheckpointTaskRequest) -> google.Empty:
         raise w.TtrpcError(w.UNIMPLEMENTED, "checkpoint is not supported by husk-shim (no CRIU support)")
 
     def Update(self, ctx: CallContext, req: taskpb.UpdateTaskRequest) -> google.Empty:
-        self._proc(req.id, "")
-        assert self.driver is not None
+        t = self._task(req.id)
         if req.resources is None or not req.resources.value:
             raise w.TtrpcError(w.INVALID_ARGUMENT, "update: resources (OCI LinuxResources JSON) are required")
         import json
@@ -426,7 +470,7 @@ class TaskService:
         except ValueError as err:
             raise w.TtrpcError(w.INVALID_ARGUMENT, f"update resources: {err}") from err
         try:
-            self.driver.update(self.cfg.id, resources)
+            t.driver.update(t.id, resources)
         except RuntimeFailure as err:
             raise self._runtime_error(err) from err
         return google.Empty()
@@ -487,70 +531,74 @@ class TaskService:
             self._exited(p, status, now)
 
     def _by_pid(self, pid: int) -> Proc | None:
-        if self.init is not None and self.init.pid == pid and self.init.exit is None:
-            return self.init
-        for p in self.execs.values():
-            if p.pid == pid and p.exit is None:
-                return p
+        for t in self.tasks.values():
+            if t.init is not None and t.init.pid == pid and t.init.exit is None:
+                return t.init
+            for p in t.execs.values():
+                if p.pid == pid and p.exit is None:
+                    return p
         return None
 
     def _exited(self, p: Proc, status: int, when_ns: int) -> None:
+        t = self.tasks.get(p.cid)
+        if t is None:
+            return
         p.io.drain()
         code = exitfile.status_from_wait(status)
         oom = False
-        if p is self.init:
-            if self.oom is not None:
-                self.oom.check()     # the kill may race the eventfd: read the counter once more
-            oom = self.oom_seen and code == 128 + signal.SIGKILL
+        if p is t.init:
+            if t.oom is not None:
+                t.oom.check()     # the kill may race the eventfd: read the counter once more
+            oom = t.oom_seen and code == 128 + signal.SIGKILL
         p.exit = exitfile.ExitRecord(p.pid, code, when_ns, oom)
         p.status = S.STOPPED
         try:
-            exitfile.write(self.cfg.state_dir, p.exec_id, p.exit)
+            exitfile.write(t.state_dir, p.exec_id, p.exit)
         except OSError as err:
             log.error("%s: writing exit record: %s", self._name(p), err)
         p.io.exited(code)
         log.info("%s: pid %d exited with status %d%s", self._name(p), p.pid, code, " (OOM killed)" if oom else "")
-        if p is self.init:
+        if p is t.init:
             # Exec processes cannot outlive the container (the kernel does it for a private pid namespace).
-            for e in self.execs.values():
+            for e in t.execs.values():
                 if e.exit is None and e.pid:
                     try:
                         os.kill(e.pid, signal.SIGKILL)
                     except ProcessLookupError:
                         pass
-        self.events.publish(ev.TaskExit(container_id=self.cfg.id, id=p.exec_id or self.cfg.id, pid=p.pid,
+        self.events.publish(ev.TaskExit(container_id=t.id, id=p.exec_id or t.id, pid=p.pid,
                                         exit_status=code, exited_at=ts_from_ns(when_ns),
                                         exit_reason=task_types.ExitReason.OOMKILLED if oom else 0))
         self._wake(p)
 
-    def _on_oom(self) -> None:
-        self.oom_seen = True
-        log.warning("container %s: OOM kill in its cgroup", self.cfg.id)
-        self.events.publish(ev.TaskOOM(container_id=self.cfg.id))
+    def _on_oom(self, t: Task) -> None:
+        t.oom_seen = True
+        log.warning("container %s: OOM kill in its cgroup", t.id)
+        self.events.publish(ev.TaskOOM(container_id=t.id))
 
     # --- Delete / Shutdown ---------------------------------------------------------------
     def Delete(self, ctx: CallContext, req: taskpb.DeleteRequest) -> taskpb.DeleteResponse:
+        t = self._task(req.id)
         p = self._proc(req.id, req.exec_id)
         if p.exec_id:
             if p.status not in (S.STOPPED, S.CREATED):
                 raise w.TtrpcError(w.FAILED_PRECONDITION, f"{self._name(p)} is running; kill it first")
             p.io.close()
-            del self.execs[p.exec_id]
-            exitfile.remove(self.cfg.state_dir, p.exec_id)
+            del t.execs[p.exec_id]
+            exitfile.remove(t.state_dir, p.exec_id)
             if p.exit is None:
                 # Never started: its waiters must not wait forever.
                 p.exit = exitfile.ExitRecord(p.pid, 0, time.time_ns())
                 p.status = S.STOPPED
                 self._wake(p)
             ex = p.exit
-            self.events.publish(ev.TaskDelete(container_id=self.cfg.id, pid=p.pid, exit_status=ex.exit_status,
+            self.events.publish(ev.TaskDelete(container_id=t.id, pid=p.pid, exit_status=ex.exit_status,
                                               exited_at=ts_from_ns(ex.exited_at_ns), id=p.exec_id))
             return taskpb.DeleteResponse(pid=p.pid, exit_status=ex.exit_status, exited_at=ts_from_ns(ex.exited_at_ns))
         if p.status not in (S.STOPPED, S.CREATED):
             raise w.TtrpcError(w.FAILED_PRECONDITION, f"{self._name(p)} is running; kill it first")
-        assert self.driver is not None
         try:
-            self.driver.delete(self.cfg.id, force=True)
+            t.driver.delete(t.id, force=True)
         except RuntimeFailure as err:
             if not err.not_found:
                 raise self._runtime_error(err) from err
@@ -561,32 +609,37 @@ class TaskService:
                 p.exit = exitfile.ExitRecord(p.pid, 128 + signal.SIGKILL, time.time_ns())
                 p.status = S.STOPPED
                 self._wake(p)
-        for e in list(self.execs.values()):
-            e.io.close()
-        self.execs.clear()
-        p.io.close()
-        if self.oom is not None:
-            self.oom.close()
-            self.oom = None
-        if self.crilog is not None:
-            self.crilog.close()
-            self.crilog = None
-        if self.rootfs_mounted:
-            from shim.rootfs import unmount_rootfs
-            unmount_rootfs(self.rootfs_mounted)
-            self.rootfs_mounted = ""
-        self.deleted = True
-        exitfile.remove(self.cfg.state_dir, "")
+        self._close_task(t)
+        del self.tasks[t.id]
+        exitfile.remove(t.state_dir, "")
+        self._remove_task_files(t)
         ex = p.exit
-        self.events.publish(ev.TaskDelete(container_id=self.cfg.id, pid=p.pid, exit_status=ex.exit_status,
+        self.events.publish(ev.TaskDelete(container_id=t.id, pid=p.pid, exit_status=ex.exit_status,
                                           exited_at=ts_from_ns(ex.exited_at_ns)))
         return taskpb.DeleteResponse(pid=p.pid, exit_status=ex.exit_status, exited_at=ts_from_ns(ex.exited_at_ns))
 
+    def _close_task(self, t: Task) -> None:
+        for e in list(t.execs.values()):
+            e.io.close()
+        t.execs.clear()
+        if t.init is not None:
+            t.init.io.close()
+        if t.oom is not None:
+            t.oom.close()
+            t.oom = None
+        if t.crilog is not None:
+            t.crilog.close()
+            t.crilog = None
+        if t.rootfs_mounted:
+            from shim.rootfs import unmount_rootfs
+            unmount_rootfs(t.rootfs_mounted)
+            t.rootfs_mounted = ""
+
     def Shutdown(self, ctx: CallContext, req: taskpb.ShutdownRequest) -> google.Empty:
-        self._check_id(req.id)
-        live = self.init is not None and not self.deleted
-        if live and not req.now:
-            # containerd semantics: a shim with a task left keeps running.
+        # containerd semantics: a shim with a task left keeps running. `now`: the task `id` (deleted or not)
+        # does not hold the shim; the pod's other tasks still do (husk's own shims only).
+        left = [cid for cid in self.tasks if not (req.now and cid == req.id)]
+        if left:
             return google.Empty()
         ctx.reply(google.Empty())
         self.shutting_down = True
@@ -595,13 +648,13 @@ class TaskService:
 
     # --- husk.shim.v1.Shim ---------------------------------------------------------------
     def ReopenLog(self, ctx: CallContext, req: huskpb.ReopenLogRequest) -> google.Empty:
-        self._proc(req.id, "")
-        if self.crilog is None:
+        t = self._task(req.id)
+        if t.crilog is None:
             raise w.TtrpcError(w.FAILED_PRECONDITION, f"container {req.id!r} has no CRI log file")
         try:
-            self.crilog.reopen()
+            t.crilog.reopen()
         except OSError as err:
-            raise w.TtrpcError(w.UNKNOWN, f"reopen {self.crilog.path}: {err}") from err
+            raise w.TtrpcError(w.UNKNOWN, f"reopen {t.crilog.path}: {err}") from err
         return google.Empty()
 
     def AttachInfo(self, ctx: CallContext, req: huskpb.AttachInfoRequest) -> huskpb.AttachInfoResponse:
@@ -611,15 +664,8 @@ class TaskService:
         return huskpb.AttachInfoResponse(path=p.io.attach.path)
 
     def cleanup(self) -> None:
-        """The shim is exiting: close what is left (only after Delete, or on Shutdown(now))."""
-        for e in list(self.execs.values()):
-            e.io.close()
-        if self.init is not None:
-            self.init.io.close()
-        if self.oom is not None:
-            self.oom.close()
-        if self.crilog is not None:
-            self.crilog.close()
-        if self.rootfs_mounted and self.deleted:
-            from shim.rootfs import unmount_rootfs
-            unmount_rootfs(self.rootfs_mounted)
+        """The shim is exiting: close what is left (tasks left only on Shutdown(now)); a left task's rootfs
+        stays mounted (its container may still run)."""
+        for t in self.tasks.values():
+            t.rootfs_mounted = ""
+            self._close_task(t)

@@ -10,11 +10,10 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from dataclasses import dataclass, field
 
-from tests.support.waiting import wait_for  # noqa: F401 -- the suites import it from here
+from tests.support.waiting import wait_for  # the suites import it from here too
 
 BUSYBOX = "/usr/bin/busybox"
 APPLETS = ("sh", "cat", "echo", "sleep", "seq", "yes", "head", "true", "false", "ls", "kill", "printf",
@@ -97,11 +96,13 @@ def start_shim(tmp: str, runtime: str, cid: str | None = None, ttrpc_address: st
     proc = subprocess.Popen(args, stdout=logf, stderr=logf, stdin=subprocess.DEVNULL, cwd=TOP,
                             env={**os.environ, **(env or {})}, start_new_session=True)
     logf.close()
-    deadline = time.monotonic() + 20
-    while not _connectable(address):      # the file exists from bind(), connections work after listen()
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"shim did not start: {open(log_path).read()}")
-        time.sleep(0.02)
+
+    def listening() -> bool:                # the file exists from bind(), connections work after listen()
+        if proc.poll() is not None:
+            with open(log_path, errors="replace") as f:
+                raise RuntimeError(f"shim exited {proc.returncode}: {f.read()}")
+        return _connectable(address)
+    wait_for(listening, 20, f"the shim to listen on {address} (log: {log_path})", interval=0.02)
     return RunningShim(cid, address, state_dir, runtime, root, proc, log_path)
 
 

@@ -16,6 +16,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from runtime.fsutil import fsync_dir
+
 from .errors import ContentError, DigestMismatch, NoSpace, NotFound, ShortRead, SizeMismatch, is_no_space
 from .locks import alock, try_lock_fd
 from .reference import InvalidReference, validate_digest
@@ -40,14 +42,6 @@ def _split(digest: str) -> tuple[str, str]:
         raise ContentError(f"bad digest {digest!r}: {e.reason}") from None
     algo, hexpart = digest.split(":", 1)
     return algo, hexpart
-
-
-def fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def hash_file(path: str, algo: str = "sha256", limit: int | None = None) -> tuple[str, int]:
@@ -306,7 +300,8 @@ class ContentStore:
         try:
             n = _size_or_none(partial) or 0
             _unlink(partial)
-            _unlink(lockp)
+            # The .lock stays: unlinking a lock file another process may be about to flock would let two
+            # writers lock different inodes. clean_ingest removes it under the exclusive GC lock.
         finally:
             os.close(fd)
         return n

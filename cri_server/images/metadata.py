@@ -12,7 +12,9 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-SCHEMA_VERSION = 1
+from cri_server.store import sqlitedb
+
+SCHEMA_VERSION = 1      # PRAGMA user_version (files made before it was used say meta('schema', '1'))
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS images(
@@ -100,15 +102,7 @@ class MetadataDB:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self.conn = sqlite3.connect(path, timeout=30.0, isolation_level=None, check_same_thread=False)
-        self.conn.execute("PRAGMA journal_mode=WAL")
-        self.conn.execute("PRAGMA synchronous=FULL")
-        self.conn.execute("PRAGMA foreign_keys=ON")
-        self.conn.execute("PRAGMA busy_timeout=30000")
-        # One script, one transaction: idempotent, and safe when two processes open a new file at once.
-        self.conn.executescript("BEGIN IMMEDIATE;" + _SCHEMA +
-                                f"INSERT OR IGNORE INTO meta(key, value) VALUES('schema', '{SCHEMA_VERSION}');"
-                                "COMMIT;")
+        self.conn = sqlitedb.open_db(path, _SCHEMA, SCHEMA_VERSION)
         self.local_generation = 0  # bumped on our own commits (data_version only counts other connections')
 
     def close(self) -> None:
@@ -122,24 +116,11 @@ class MetadataDB:
         bookkeeping: an fsync while tar is writing a layer flushes the layer's data with it (ext4 ordered mode),
         and losing such a row only means unpacking the layer again. The next durable commit syncs it anyway.
         """
-        if self.conn.in_transaction:
-            yield self.conn
-            return
-        if not durable:
-            self.conn.execute("PRAGMA synchronous=NORMAL")
-        try:
-            self.conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield self.conn
-            except BaseException:
-                if self.conn.in_transaction:  # SQLite already rolled back after some errors (SQLITE_FULL):
-                    self.conn.execute("ROLLBACK")  # a second ROLLBACK would hide the first error
-                raise
-            self.conn.execute("COMMIT")
+        outermost = not self.conn.in_transaction
+        with sqlitedb.transaction(self.conn, durable=durable, join=True) as conn:
+            yield conn
+        if outermost:
             self.local_generation += 1
-        finally:
-            if not durable:
-                self.conn.execute("PRAGMA synchronous=FULL")
 
     def version(self) -> tuple[int, int]:
         """Changes when anyone (this connection or another process) committed since the last call."""

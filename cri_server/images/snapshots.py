@@ -346,21 +346,15 @@ class Snapshotter:
 
 def mount_all(mounts: list[Mount], target: str) -> None:
     """Mount `mounts` on `target` (an existing directory), as a shim would."""
-    from runtime.linux import syscalls
+    from runtime import mountopts
     for m in mounts:
-        if m.type == "overlay":
-            data = ",".join(m.options)
-            if len(data) < PAGE_SIZE - 1:
-                syscalls.mount("overlay", target, "overlay", 0, data)
-            else:
-                _mount_overlay_relative(m, target)
-        elif m.type == "bind":
-            flags = syscalls.MS_BIND | (syscalls.MS_REC if "rbind" in m.options else 0)
-            syscalls.mount(m.source, target, None, flags, None)
-            if "ro" in m.options:
-                syscalls.mount(None, target, None, syscalls.MS_BIND | syscalls.MS_REMOUNT | syscalls.MS_RDONLY, None)
-        else:
+        if m.type not in ("overlay", "bind"):
             raise SnapshotError(f"cannot mount type {m.type!r}")
+        call = mountopts.mount_call(m.type, m.source, m.options)
+        if call.data and len(call.data) >= PAGE_SIZE - 1:
+            _mount_overlay_relative(m, target)
+        else:
+            mountopts.mount(call, target)
 
 
 def _mount_overlay_relative(m: Mount, target: str) -> None:

@@ -13,7 +13,6 @@ import base64
 import json
 import logging
 import os
-import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
@@ -358,16 +357,8 @@ class CniManager:
                "networkName": conf.name, "config": base64.b64encode(conf.raw).decode(),
                "configSource": conf.source, "cniArgs": [[k, v] for k, v in att.args.items()],
                "capabilityArgs": att.capability_args(), "result": result}
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(doc, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.rename(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
+        from runtime.fsutil import atomic_write  # fsync'd file, directory not: as before the shared helper
+        atomic_write(path, json.dumps(doc), mode=0o600, sync_dir=False)
 
     def _read_cache(self, att: Attachment, network: str | None) -> tuple[NetworkConfigList, Mapping[str, Any]] | None:
         """The config and result of the last successful ADD, so DEL works even after the conf dir changed."""

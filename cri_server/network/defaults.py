@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 
 log = logging.getLogger(__name__)
 
@@ -42,18 +41,8 @@ def loopback_conf() -> dict:
 
 
 def _write_atomic(path: str, doc: dict) -> None:
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(doc, f, indent=2)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.rename(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    from runtime.fsutil import atomic_write  # fsync'd file, directory not: as before the shared helper
+    atomic_write(path, json.dumps(doc, indent=2) + "\n", mode=0o644, sync_dir=False)
 
 
 def write_default(conf_dir: str, **kw: str) -> list[str]:

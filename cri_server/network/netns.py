@@ -1,8 +1,8 @@
 """Pinned network namespaces: a namespace kept alive by a bind mount of its nsfs file, named by path.
 
 Created in a short-lived thread that unshares CLONE_NEWNET for itself only, brings `lo` up there and
-bind-mounts /proc/thread-self/ns/net onto the pin file. husk-cri runs gRPC threads, and DESIGN.md forbids
-forking such a process; a network namespace is per thread, so a thread is enough and nothing is forked.
+bind-mounts /proc/thread-self/ns/net onto the pin file. husk-cri runs gRPC threads, and forking a
+threaded process is avoided (a child may inherit a lock another thread held); a network namespace is per thread, so a thread is enough and nothing is forked.
 Removal unmounts (detached) and unlinks. This module does not run CNI plugins.
 """
 from __future__ import annotations

@@ -3,7 +3,8 @@
 The image must be present (kubelet pulls first; a missing one is NotFound, its ErrImageNeverPull path). With
 an undo for each step: reserve the name and write the record ahead, the container's dir and log file's
 parent, the rootfs snapshot mounted in the bundle, config.json from the spec builder (the CRI config merged
-with the image config), the shim, task Create with the CRI log path (the shim writes the log itself).
+with the image config), task Create with the CRI log path (the shim writes the log itself) in the pod's
+shim: the sandbox's shim serves the pod's containers too (containerd's grouping), so no process is started.
 """
 from __future__ import annotations
 
@@ -167,10 +168,14 @@ async def _create(svc: Services, req: pb.CreateContainerRequest, sb: SandboxReco
         spec = container_spec(ctx)
         podfiles.write_atomic(os.path.join(bundle, "config.json"), json.dumps(spec))
 
-    with tr.step("shim_spawn"):
-        shim_pid, address = await shims.spawn(cid, bundle, runtime)
+    # The pod's shim (the sandbox's): read again, the pause may have exited while the rootfs was made.
+    sb = store.get_sandbox(sb.id)
+    address, shim_pid = sb.shim_address, int(sb.extra.get("shim_pid", 0))
+    if not address:
+        raise FailedPrecondition(f"pod sandbox {sb.id} has no running shim (its pause container exited)")
     undo.push("discard the task", discard_task, svc, cid, address, runtime, shim_pid)
-    opts = shims.create_options(log_path=log_path, stdin_once=bool(config.stdin_once))
+    opts = shims.create_options(log_path=log_path, stdin_once=bool(config.stdin_once),
+                                state_dir=shims.task_dir(cid))
     with tr.step("runtime_create"):
         trace.request_runtime_stages(bundle)
         try:

@@ -13,7 +13,7 @@ import logging
 import signal as signals
 import time
 
-from cri_server import fsutil, signals as signames, trace
+from cri_server import fsutil, trace
 from cri_server.api.v1 import api_pb2 as pb
 from cri_server.context import Services
 from cri_server.errors import FailedPrecondition, Internal
@@ -21,6 +21,7 @@ from cri_server.images.errors import ImageError
 from cri_server.rpc import events
 from cri_server.store.records import ContainerRecord, ContainerState
 from cri_server.tasks import discard_task
+from runtime import signals as signames
 
 log = logging.getLogger(__name__)
 

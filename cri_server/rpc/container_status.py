@@ -1,17 +1,17 @@
 """ContainerStatus and ListContainers, answered from the in-memory index.
 
-Never touches a shim: exits are recorded by the event path (phase 2) as they happen.
+Never touches a shim: exits are recorded by the event path (`tasks.py`) as they happen.
 """
 from __future__ import annotations
 
 import json
 
-from cri_server import signals as signames
 from cri_server import trace
 from cri_server.api.v1 import api_pb2 as pb
 from cri_server.context import Services
 from cri_server.rpc.listing import EncodedItems
 from cri_server.store.records import ContainerFilter, ContainerRecord, ContainerState
+from runtime import signals as signames
 
 _STATE_TO_PB = {ContainerState.CREATED: pb.CONTAINER_CREATED, ContainerState.RUNNING: pb.CONTAINER_RUNNING,
                 ContainerState.EXITED: pb.CONTAINER_EXITED, ContainerState.UNKNOWN: pb.CONTAINER_UNKNOWN}
@@ -62,7 +62,7 @@ def to_container(r: ContainerRecord) -> pb.Container:
                         labels=r.labels, annotations=r.annotations)
 
 
-_items = EncodedItems(pb.ListContainersResponse, "containers", to_container)
+list_items = EncodedItems(pb.ListContainersResponse, "containers", to_container)
 
 
 def to_status(r: ContainerRecord, default_stop_signal: str = "SIGTERM") -> pb.ContainerStatus:
@@ -101,5 +101,5 @@ async def container_status(svc: Services, req: pb.ContainerStatusRequest) -> pb.
 async def list_containers(svc: Services, req: pb.ListContainersRequest) -> pb.ListContainersResponse:
     """ListContainers returns the containers matching every set filter field (id, state, sandbox, labels)."""
     flt = filter_from_pb(req.filter) if req.HasField("filter") else ContainerFilter()
-    return _items.response((r for r in svc.store.list_containers(flt) if not r.extra.get("creating")),
+    return list_items.response((r for r in svc.store.list_containers(flt) if not r.extra.get("creating")),
                            svc.store.list_containers)

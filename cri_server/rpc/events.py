@@ -19,7 +19,7 @@ _TYPES = {"created": pb.CONTAINER_CREATED_EVENT, "started": pb.CONTAINER_STARTED
 def _event(svc: Services, object_id: str, sandbox_id: str, kind: str) -> pb.ContainerEventResponse:
     ev = pb.ContainerEventResponse(container_id=object_id, container_event_type=_TYPES[kind],
                                    created_at=time.time_ns())
-    sb = svc.store._sandboxes.get(sandbox_id)
+    sb = svc.store.sandbox(sandbox_id)
     if sb is not None:
         ev.pod_sandbox_status.CopyFrom(sandbox_status.to_status(sb))
         default = svc.config.runtime.default_stop_signal
@@ -31,13 +31,22 @@ def _event(svc: Services, object_id: str, sandbox_id: str, kind: str) -> pb.Cont
 def publish_container(svc: Services, container_id: str, kind: str, sandbox_id: str = "") -> None:
     if not len(svc.events):
         return
-    c = svc.store._containers.get(container_id)
+    c = svc.store.container(container_id)
     svc.events.publish(_event(svc, container_id, sandbox_id or (c.sandbox_id if c else ""), kind))
 
 
 def publish_sandbox(svc: Services, sandbox_id: str, kind: str) -> None:
     if len(svc.events):
         svc.events.publish(_event(svc, sandbox_id, sandbox_id, kind))
+
+
+def publish_stopped(svc: Services, object_id: str) -> None:
+    """The STOPPED event of a container or sandbox whose task exit was just recorded (the task monitor's
+    on_stopped callback)."""
+    if svc.store.container(object_id) is not None:
+        publish_container(svc, object_id, "stopped")
+    else:
+        publish_sandbox(svc, object_id, "stopped")
 
 
 async def get_container_events(svc: Services, req: pb.GetEventsRequest) -> AsyncIterator[pb.ContainerEventResponse]:

@@ -75,7 +75,7 @@ def check_sandbox_room(svc: Any, req: Any) -> None:
     c = req.config
     item = pb.PodSandbox(id="0" * 64, metadata=c.metadata, state=pb.SANDBOX_READY, created_at=1 << 62,
                          labels=c.labels, annotations=c.annotations, runtime_handler=req.runtime_handler)
-    sandbox_status._items.check_room(svc.store.list_sandboxes(), item, "config")
+    sandbox_status.list_items.check_room(svc.store.list_sandboxes(), item, "config")
 
 
 def check_container_room(svc: Any, req: Any) -> None:
@@ -87,4 +87,4 @@ def check_container_room(svc: Any, req: Any) -> None:
     item = pb.Container(id="0" * 64, pod_sandbox_id="0" * 64, metadata=c.metadata,
                         image=pb.ImageSpec(image=c.image.image), image_ref=digest, image_id=digest,
                         state=pb.CONTAINER_CREATED, created_at=1 << 62, labels=c.labels, annotations=c.annotations)
-    container_status._items.check_room(svc.store.list_containers(), item, "config")
+    container_status.list_items.check_room(svc.store.list_containers(), item, "config")

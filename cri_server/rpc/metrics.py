@@ -10,7 +10,6 @@ container. A container whose shim does not answer has only the series that need 
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 from dataclasses import dataclass
@@ -256,9 +255,11 @@ async def list_metric_descriptors(svc: Services,
 
 
 async def _all_pods(svc: Services) -> list[pb.PodSandboxMetrics]:
-    samples = await asyncio.gather(*(stats.sample_pod(svc, sb, processes=True) for sb in stats.ready_sandboxes(svc)))
+    pacer = stats.Pacer()      # sampled and built in slices, as the stats RPCs (rpc/stats.py)
+    samples = await stats.sweep(stats.ready_sandboxes(svc), lambda sb: stats.sample_pod(svc, sb, processes=True),
+                                pacer)
     stats.forget_gone(svc)
-    return [pod_metrics_from(p) for p in samples]
+    return await stats.paced(samples, pod_metrics_from, pacer)
 
 
 async def list_pod_sandbox_metrics(svc: Services,

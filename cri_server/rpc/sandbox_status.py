@@ -43,7 +43,7 @@ def to_status(r: SandboxRecord) -> pb.PodSandboxStatus:
         labels=r.labels, annotations=r.annotations, runtime_handler=r.runtime_handler)
 
 
-_items = EncodedItems(pb.ListPodSandboxResponse, "items", to_pod_sandbox)
+list_items = EncodedItems(pb.ListPodSandboxResponse, "items", to_pod_sandbox)
 
 
 def filter_from_pb(f: pb.PodSandboxFilter) -> SandboxFilter:
@@ -69,7 +69,7 @@ async def pod_sandbox_status(svc: Services, req: pb.PodSandboxStatusRequest) -> 
 async def list_pod_sandbox(svc: Services, req: pb.ListPodSandboxRequest) -> pb.ListPodSandboxResponse:
     """ListPodSandbox returns the sandboxes matching every set filter field (id or id prefix, state, labels)."""
     flt = filter_from_pb(req.filter) if req.HasField("filter") else SandboxFilter()
-    return _items.response((r for r in svc.store.list_sandboxes(flt) if r.state != SandboxState.CREATING),
+    return list_items.response((r for r in svc.store.list_sandboxes(flt) if r.state != SandboxState.CREATING),
                            svc.store.list_sandboxes)
 
 

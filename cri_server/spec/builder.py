@@ -9,8 +9,7 @@ from typing import Callable, Sequence
 
 from cri_server.spec import mounts, namespaces, process, resources, security
 from cri_server.spec.context import ContainerContext, SandboxContext, Spec
-
-OCI_VERSION = "1.0.2"
+from runtime.state import OCI_VERSION, OCI_VERSION_BASELINE
 
 # Annotations a shim or runtime may read (the shim groups a pod's containers by sandbox id).
 CONTAINER_TYPE = "io.kubernetes.cri.container-type"
@@ -25,7 +24,7 @@ IMAGE_NAME = "io.kubernetes.cri.image-name"
 
 def base_spec() -> Spec:
     return {
-        "ociVersion": OCI_VERSION,
+        "ociVersion": OCI_VERSION_BASELINE,
         "process": {"user": {"uid": 0, "gid": 0}, "cwd": "/", "args": [], "env": []},
         "root": {"path": "rootfs", "readonly": False},
         "mounts": [],
@@ -100,10 +99,20 @@ SANDBOX_OPTIONS: tuple[SandboxOption, ...] = (
 )
 
 
+def with_oci_version(spec: Spec) -> None:
+    """The lowest ociVersion that describes the spec: 1.0.2 (the baseline every runtime takes) unless a mount
+    is idmapped (uidMappings on a mount: 1.1; the idmap/ridmap options: 1.2), then the version husk implements."""
+    for m in spec.get("mounts") or []:
+        if m.get("uidMappings") or m.get("gidMappings") or {"idmap", "ridmap"} & set(m.get("options") or ()):
+            spec["ociVersion"] = OCI_VERSION
+            return
+
+
 def container_spec(ctx: ContainerContext, options: Sequence[ContainerOption] = CONTAINER_OPTIONS) -> Spec:
     spec = base_spec()
     for opt in options:
         opt(spec, ctx)
+    with_oci_version(spec)
     return spec
 
 
@@ -111,4 +120,5 @@ def sandbox_spec(ctx: SandboxContext, options: Sequence[SandboxOption] = SANDBOX
     spec = base_spec()
     for opt in options:
         opt(spec, ctx)
+    with_oci_version(spec)
     return spec

@@ -1,6 +1,6 @@
 """What spec options read: the CRI request, the image config, the sandbox the container joins, the host.
 
-Plain records, filled by the RPC handlers (phase 2) or by tests; nothing here does I/O except
+Plain records, filled by the RPC handlers or by tests; nothing here does I/O except
 HostInfo.detect() and the hugetlb_controller() it calls.
 """
 from __future__ import annotations
@@ -34,6 +34,11 @@ class ImageConfig:
                            user=c.get("User") or "", stop_signal=c.get("StopSignal") or "")
 
 
+def _read_mountinfo() -> str:
+    with open("/proc/self/mountinfo") as f:
+        return f.read()
+
+
 @dataclass(frozen=True)
 class HostInfo:
     capabilities: tuple[str, ...]          # the bounding set: what privileged / ALL may grant
@@ -41,7 +46,7 @@ class HostInfo:
     swap_controller: bool = False          # cgroup v1 memory.memsw.* present
     hugepage_sizes: tuple[str, ...] = ()   # "2MB", "1GB"
     nofile_limit: int = 1048576            # RLIMIT_NOFILE of containers (capped where hard limits cannot rise)
-    mountinfo: Callable[[], str] = lambda: open("/proc/self/mountinfo").read()
+    mountinfo: Callable[[], str] = lambda: _read_mountinfo()  # text: spec/mounts.py parses it (runtime.mountinfo)
     systemd_cgroup: bool = False           # the systemd cgroup driver: slice parents, slice:husk:<id> paths
     hugetlb_controller: bool = True        # the containers' cgroup hierarchy has the hugetlb controller
     tolerate_missing_hugetlb: bool = False  # without it, drop limits of 0 (config: tolerate_missing_...)

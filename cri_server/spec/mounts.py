@@ -90,27 +90,14 @@ def with_pod_files(spec: Spec, ctx: ContainerContext) -> None:
         _put_mount(spec, {**PRIVATE_SHM, "options": list(PRIVATE_SHM["options"])})
 
 
-def _mount_of(path: str, mountinfo: str) -> tuple[str, str]:
-    """(mount point, optional fields) of the mount holding `path`, from /proc/self/mountinfo text."""
-    best, fields = "", ""
-    for line in mountinfo.splitlines():
-        parts = line.split()
-        if len(parts) < 7:
-            continue
-        mnt = parts[4].replace("\\040", " ")
-        sep = parts.index("-") if "-" in parts else len(parts)
-        if (path == mnt or path.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best):
-            best, fields = mnt, " ".join(parts[6:sep])
-    return best, fields
-
-
 def _check_propagation(i: int, source: str, propagation: int, mountinfo: str) -> None:
     """rshared needs the source on a shared mount, rslave on a shared or slave one (else it silently would
     not propagate); the error names the mount point to fix."""
     if propagation == pb.PROPAGATION_PRIVATE:
         return
-    mnt, fields = _mount_of(source, mountinfo)
-    shared, slave = "shared:" in fields, "master:" in fields
+    from runtime.mountinfo import mount_of, parse
+    m = mount_of(source, parse(mountinfo))
+    mnt, shared, slave = (m.point, m.shared, m.slave) if m is not None else ("", False, False)
     if propagation == pb.PROPAGATION_BIDIRECTIONAL and not shared:
         raise invalid(f"config.mounts[{i}].propagation",
                       f"{source} is on mount {mnt}, which is not shared (needed for PROPAGATION_BIDIRECTIONAL)")

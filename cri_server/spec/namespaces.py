@@ -94,6 +94,23 @@ def pod_userns(config: pb.PodSandboxConfig) -> pb.UserNamespace | None:
     return ns.userns_options
 
 
+SYSTEM_ID_MAX = 999   # login.defs' default SYS_UID_MAX / SYS_GID_MAX: the node's own system users and groups
+
+
+def _system_id_max(kind: str, path: str = "/etc/login.defs") -> int:
+    """The last host id of the node's own system accounts ("uid_map" -> SYS_UID_MAX, "gid_map" -> SYS_GID_MAX)."""
+    key = "SYS_UID_MAX" if kind == "uid_map" else "SYS_GID_MAX"
+    try:
+        with open(path) as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) >= 2 and parts[0] == key and parts[1].isdigit():
+                    return int(parts[1])
+    except OSError:
+        pass
+    return SYSTEM_ID_MAX
+
+
 def _own_ranges(kind: str) -> list[tuple[int, int]]:
     """(first, end) host id ranges of husk-cri's own user namespace ("uid_map" or "gid_map")."""
     out = []
@@ -109,7 +126,8 @@ def _own_ranges(kind: str) -> list[tuple[int, int]]:
 
 
 def check_userns(config: pb.PodSandboxConfig, field: str = USERNS_FIELD,
-                 own_ranges: Callable[[str], list[tuple[int, int]]] = _own_ranges) -> None:
+                 own_ranges: Callable[[str], list[tuple[int, int]]] = _own_ranges,
+                 system_id_max: Callable[[str], int] = _system_id_max) -> None:
     """InvalidArgument (naming the field) for user namespace options husk-cri cannot honour safely."""
     ns = config.linux.security_context.namespace_options
     if not ns.HasField("userns_options"):
@@ -141,6 +159,11 @@ def check_userns(config: pb.PodSandboxConfig, field: str = USERNS_FIELD,
         if first == 0:
             raise invalid(f"{where}.host_id", f"host ids 0..{end - 1} include the host's root (0): a pod's user "
                                               f"namespace must map only unprivileged host ids")
+        sys_max = system_id_max(map_file)
+        if first <= sys_max:
+            raise invalid(f"{where}.host_id", f"host ids {first}..{end - 1} overlap the node's own system "
+                                              f"{kind} 0..{sys_max} (login.defs SYS_{kind[0].upper()}ID_MAX): a pod "
+                                              f"must not own a system account's files")
         if not any(lo <= first and end <= hi for lo, hi in own_ranges(map_file)):
             raise invalid(where, f"host ids {first}..{end - 1} are not all inside husk-cri's own user namespace "
                                  f"({map_file} ranges {own_ranges(map_file)})")

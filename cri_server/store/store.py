@@ -16,10 +16,12 @@ import json
 import logging
 import os
 import sqlite3
+from dataclasses import dataclass
 from dataclasses import fields, replace
 from typing import Any, Callable, Iterator
 
 from cri_server.errors import AlreadyExists, InvalidArgument, NotFound
+from cri_server.store import sqlitedb
 from cri_server.store.records import (ContainerFilter, ContainerRecord, ContainerState, SandboxFilter,
                                       SandboxRecord, SandboxState)
 
@@ -99,7 +101,10 @@ def _to_row(rec: Any, cols: list[str]) -> list[Any]:
 
 def _from_row(cls: type, cols: list[str], row: sqlite3.Row, state_type: type) -> Any:
     kw: dict[str, Any] = {}
+    present = row.keys()
     for c in cols:
+        if c not in present:
+            continue    # a column an older or newer husk-cri's file does not have: the record's default
         v = row[c]
         if c in _JSON_FIELDS:
             v = json.loads(v)
@@ -109,6 +114,22 @@ def _from_row(cls: type, cols: list[str], row: sqlite3.Row, state_type: type) ->
             v = state_type(v)
         kw[c] = v
     return cls(**kw)
+
+
+@dataclass(frozen=True)
+class Records:
+    """Every sandbox and container record of one read of the store's file."""
+    sandboxes: list[SandboxRecord]
+    containers: list[ContainerRecord]
+
+
+def records_from_connection(conn: sqlite3.Connection) -> Records:
+    """The records in the store's file behind `conn` (any connection whose row_factory is sqlite3.Row, e.g.
+    a read-only one from `sqlitedb.open_readonly`). Call it inside one read transaction for a consistent view."""
+    return Records(
+        [_from_row(SandboxRecord, _SANDBOX_COLS, r, SandboxState) for r in conn.execute("SELECT * FROM sandboxes")],
+        [_from_row(ContainerRecord, _CONTAINER_COLS, r, ContainerState)
+         for r in conn.execute("SELECT * FROM containers")])
 
 
 def sandbox_name(pod_name: str, pod_namespace: str, pod_uid: str, attempt: int) -> str:
@@ -161,19 +182,8 @@ class Store:
     def __init__(self, path: str) -> None:
         self.path = path
         os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
-        # isolation_level=None: transactions are explicit (BEGIN IMMEDIATE ... COMMIT).
-        self._db = sqlite3.connect(path, isolation_level=None)
-        self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.execute("PRAGMA foreign_keys=ON")
-        self._db.execute("PRAGMA busy_timeout=5000")
-        version = self._db.execute("PRAGMA user_version").fetchone()[0]
-        if version > SCHEMA_VERSION:
-            raise RuntimeError(f"{path}: metadata schema version {version} is newer than this husk-cri "
-                               f"({SCHEMA_VERSION})")
-        self._db.executescript(_SCHEMA)
-        self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        # Transactions are explicit (sqlitedb.transaction: BEGIN IMMEDIATE ... COMMIT).
+        self._db = sqlitedb.open_db(path, _SCHEMA, SCHEMA_VERSION, row_factory=sqlite3.Row)
         self._sandboxes: dict[str, SandboxRecord] = {}
         self._containers: dict[str, ContainerRecord] = {}
         self._containers_by_sandbox: dict[str, set[str]] = {}
@@ -185,25 +195,20 @@ class Store:
         self._db.close()
 
     def _load(self) -> None:
-        for row in self._db.execute("SELECT * FROM sandboxes"):
-            self._index_sandbox(_from_row(SandboxRecord, _SANDBOX_COLS, row, SandboxState))
-        for row in self._db.execute("SELECT * FROM containers"):
-            self._index_container(_from_row(ContainerRecord, _CONTAINER_COLS, row, ContainerState))
+        recs = records_from_connection(self._db)
+        for sb in recs.sandboxes:
+            self._index_sandbox(sb)
+        for ctr in recs.containers:
+            self._index_container(ctr)
         log.info("metadata loaded", extra={"path": self.path, "sandboxes": len(self._sandboxes),
                                            "containers": len(self._containers)})
 
     # --- transactions ------------------------------------------------------------------------
     @contextlib.contextmanager
     def transaction(self) -> Iterator[Transaction]:
-        cur = self._db.cursor()
-        cur.execute("BEGIN IMMEDIATE")
-        tx = Transaction(self, cur)
-        try:
+        with sqlitedb.transaction(self._db) as conn:
+            tx = Transaction(self, conn.cursor())
             yield tx
-        except BaseException:
-            cur.execute("ROLLBACK")
-            raise
-        cur.execute("COMMIT")
         for apply in tx._after:
             apply()
 
@@ -307,6 +312,23 @@ class Store:
         if len(matches) > 1:
             raise InvalidArgument(f"{kind} id prefix {id_or_prefix!r} is ambiguous ({len(matches)} matches)")
         return matches[0] if matches else None
+
+    def sandbox(self, sandbox_id: str) -> SandboxRecord | None:
+        """The sandbox of exactly this id (no prefix matching), or None."""
+        return self._sandboxes.get(sandbox_id)
+
+    def container(self, container_id: str) -> ContainerRecord | None:
+        """The container of exactly this id (no prefix matching), or None."""
+        return self._containers.get(container_id)
+
+    def record(self, object_id: str) -> ContainerRecord | SandboxRecord | None:
+        """The container or, failing that, the sandbox of exactly this id (a task's owner), or None."""
+        return self._containers.get(object_id) or self._sandboxes.get(object_id)
+
+    def all_records(self) -> Iterator[SandboxRecord | ContainerRecord]:
+        """Every sandbox, then every container record (creating ones too)."""
+        yield from self._sandboxes.values()
+        yield from self._containers.values()
 
     def find_sandbox(self, id_or_prefix: str) -> SandboxRecord | None:
         sid = self._resolve(self._sandboxes, id_or_prefix, "pod sandbox")

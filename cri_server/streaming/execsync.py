@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -63,8 +62,8 @@ async def _collect(channel: AttachChannel, out: _Capped, err: _Capped) -> None:
             out.add(data)
         elif kind == shim_attach.STDERR:
             err.add(data)
-        elif kind == shim_attach.EXIT and len(data) == 4:
-            log.debug("exec exit status %d on the attach channel", struct.unpack(">I", data)[0])
+        elif kind == shim_attach.EXIT and (code := shim_attach.exit_status(data)) is not None:
+            log.debug("exec exit status %d on the attach channel", code)
 
 
 async def exec_sync(shim_address: str, container_id: str, cmd: Sequence[str], timeout: float | None = None,

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
-import struct
 from collections.abc import Awaitable, Callable
 
 from shim import attach as shim_attach
@@ -49,8 +48,8 @@ async def pump_output(channel: AttachChannel, stdout: OutputStream | None, stder
         elif kind == shim_attach.STDERR:
             if stderr is not None:
                 await stderr.write(data)
-        elif kind == shim_attach.EXIT and len(data) == 4:
-            status = struct.unpack(">I", data)[0]
+        elif kind == shim_attach.EXIT and (code := shim_attach.exit_status(data)) is not None:
+            status = code
     return status
 
 

@@ -1,5 +1,6 @@
 """Processes in a container through its husk-shim: one exec's life (Exec, attach, Start, Wait, Kill, Delete)
-and the asyncio side of the shim's attach socket. Shared by the streaming backend and ExecSync.
+over the attach socket (its asyncio client is shim/attach.py's AsyncAttachClient). Shared by the streaming
+backend and ExecSync.
 
 Owns the ttrpc calls and the attach-channel protocol for one process. Must not know HTTP, SPDY,
 WebSocket or CRI messages.
@@ -14,8 +15,6 @@ import logging
 import os
 import secrets
 import signal
-import socket
-import struct
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,7 +22,6 @@ from shim import attach as shim_attach
 from shim import ttrpc_wire
 from shim.client import AsyncTtrpcClient
 from shim.pb import google
-from shim.unixpath import connect_unix
 
 log = logging.getLogger("husk.cri.streaming")
 
@@ -41,61 +39,8 @@ def _quiet_codes(err: BaseException, *codes: int) -> bool:
     return isinstance(err, ShimError) and err.code in codes
 
 
-class AttachChannel:
-    """One connection to a process's attach socket (SOCK_SEQPACKET: every packet is one message).
-
-    recv() yields (kind, payload) until the shim closes the connection (after EXIT, or when it drops
-    the client); the send side carries stdin, its close and terminal sizes."""
-
-    def __init__(self, sock: socket.socket, path: str) -> None:
-        self._sock = sock
-        self.path = path
-        self._loop = asyncio.get_running_loop()
-        self.closed = False
-
-    @classmethod
-    async def connect(cls, path: str) -> AttachChannel:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
-        try:
-            # A unix connect completes at once or fails (the timeout only guards a full backlog);
-            # paths over 107 bytes go through /proc/self/fd.
-            sock.settimeout(5.0)
-            connect_unix(sock, path)
-            sock.setblocking(False)
-        except OSError:
-            sock.close()
-            raise
-        return cls(sock, path)
-
-    async def recv(self) -> tuple[int, bytes] | None:
-        if self.closed:
-            return None
-        try:
-            pkt = await self._loop.sock_recv(self._sock, shim_attach.MAX_PACKET)
-        except (ConnectionResetError, BrokenPipeError):
-            return None
-        if not pkt:
-            return None
-        return pkt[0], pkt[1:]
-
-    async def _send(self, pkt: bytes) -> None:
-        await self._loop.sock_sendall(self._sock, pkt)
-
-    async def write_stdin(self, data: bytes) -> None:
-        step = shim_attach.MAX_PACKET - 1
-        for start in range(0, len(data), step):
-            await self._send(bytes([shim_attach.STDIN]) + data[start:start + step])
-
-    async def close_stdin(self) -> None:
-        await self._send(bytes([shim_attach.CLOSE_STDIN]))
-
-    async def resize(self, width: int, height: int) -> None:
-        await self._send(bytes([shim_attach.RESIZE]) + struct.pack(">HH", width, height))
-
-    def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self._sock.close()
+# One connection to a process's attach socket: the shim's own asyncio client (shim/attach.py).
+AttachChannel = shim_attach.AsyncAttachClient
 
 
 def exec_process_spec(container_process: dict[str, Any], cmd: Sequence[str], tty: bool,

@@ -32,17 +32,13 @@ def is_unified(root: str = CGROUP_ROOT) -> bool:
 
 
 def _mount_type(path: str) -> str | None:
-    found = None
+    """The type of the visible mount at exactly `path`, None when nothing is mounted there."""
+    from runtime.mountinfo import mount_at
     try:
-        with open("/proc/self/mountinfo") as f:
-            for line in f:
-                left, _, right = line.partition(" - ")
-                fields = left.split()
-                if len(fields) > 4 and fields[4] == path:
-                    found = right.split()[0]  # the last mount on a path is the visible one
+        m = mount_at(path)
     except OSError:
         return None
-    return found
+    return m.fstype if m is not None else None
 
 
 def manager_for(path: str, systemd_unit: str | None = None) -> "Manager":

@@ -24,23 +24,17 @@ def hierarchies() -> dict[str, str]:
     """controller (or name=X) -> mount point of its v1 hierarchy, from /proc/self/mountinfo. On a hybrid host
     the cgroup2 mount (e.g. /sys/fs/cgroup/unified) is included as "unified": runc places containers there
     too (for process tracking; no limits are written to it)."""
+    from runtime import mountinfo
     found: dict[str, str] = {}
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            left, _, right = line.partition(" - ")
-            rfields = right.split()
-            if len(rfields) >= 1 and rfields[0] == "cgroup2":
-                mnt = left.split()[4]
-                if mnt.startswith(CGROUP_ROOT + "/"):
-                    found.setdefault("unified", mnt)
-                continue
-            if len(rfields) < 3 or rfields[0] != "cgroup":
-                continue
-            mnt = left.split()[4]
-            for opt in rfields[2].split(","):
+    for m in mountinfo.read(fstypes=("cgroup", "cgroup2")):
+        if m.fstype == "cgroup2":
+            if m.point.startswith(CGROUP_ROOT + "/"):
+                found.setdefault("unified", m.point)
+        elif m.fstype == "cgroup":
+            for opt in m.super_options:
                 if opt in ("rw", "ro") or opt.startswith(("release_agent", "clone_children", "nsroot")):
                     continue
-                found.setdefault(opt, mnt)
+                found.setdefault(opt, m.point)
     return found
 
 

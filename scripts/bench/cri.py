@@ -10,7 +10,9 @@ Burst mode (`--burst N --parallel P`), as kubelet starts pods: N pods (RunPodSan
 StartContainer of busybox `sleep 3600` each) started by P concurrent clients, wall time and pods/s, the shims'
 memory with the N pods up, then the N pods torn down (StopPodSandbox+RemovePodSandbox) by P clients; repeated
 --repeat times, husk-cri and containerd interleaved (h, c, c, h, h, c...), medians reported with the ratio
-husk/containerd. The latency rounds and the memory steps above are skipped in that mode.
+husk/containerd. With the pods up, husk-cri's start-up trace of each (verbose PodSandboxStatus/ContainerStatus,
+cri_server/trace.py) is read: per step, median/p90/max and the summed time over all bursts, i.e. which steps
+stretch when P pods start at once. The latency rounds and the memory steps above are skipped in that mode.
 
 Usage: scripts/bench/cri [--rounds 20] [--pods 20] [--out DIR] [--runtime in-process|runc] [--log-level warn]
        scripts/bench/cri --burst 40 --parallel 8 [--repeat 2] [...]
@@ -269,12 +271,45 @@ def _burst_once(d: Driver, n: int, parallel: int, prefix: str) -> dict:
         pods = [p for p in ex.map(up, range(n)) if p]
         t_up = time.perf_counter() - t0
         mem = d.shim_memory() if d.shim_memory is not None else {}
+        steps = step_times(d, pods)
         t1 = time.perf_counter()
         list(ex.map(down, pods))
         t_down = time.perf_counter() - t1
     return {"start_s": round(t_up, 2), "pods_per_s": round(len(pods) / t_up, 2) if t_up else 0.0,
             "teardown_s": round(t_down, 2), "started": len(pods), "errors": errors[:10], "n_errors": len(errors),
-            "per_pod_ms": _stats(per_pod) if per_pod else {}, "shims": mem}
+            "per_pod_ms": _stats(per_pod) if per_pod else {}, "shims": mem, "steps": steps}
+
+
+def step_times(d: Driver, pods: list[str]) -> dict[str, list[float]]:
+    """husk-cri's start-up trace of each pod's sandbox and containers (verbose status, info "trace"):
+    "<kind>:<step>" -> the durations in ms, top-level steps only (nested ones as "<kind>:<parent>/<step>").
+    Empty for a daemon that keeps no trace (containerd)."""
+    from cri_server.api.v1 import api_pb2 as pb
+    out: dict[str, list[float]] = {}
+
+    def add(kind: str, info: Any) -> None:
+        raw = info.get("trace")
+        if not raw:
+            return
+        steps = json.loads(raw)
+        steps = steps.get("steps", steps) if isinstance(steps, dict) else steps
+        for st in steps:
+            name = st["name"]
+            if st.get("parent", -1) >= 0:
+                name = f"{steps[st['parent']]['name']}/{name}"
+            out.setdefault(f"{kind}:{name}", []).append(st.get("duration", 0) / 1e6)
+
+    for pod_id in pods:
+        try:
+            add("sandbox", d.rt.PodSandboxStatus(pb.PodSandboxStatusRequest(pod_sandbox_id=pod_id, verbose=True),
+                                                 timeout=30).info)
+            for c in d.rt.ListContainers(pb.ListContainersRequest(
+                    filter=pb.ContainerFilter(pod_sandbox_id=pod_id)), timeout=30).containers:
+                add("container", d.rt.ContainerStatus(pb.ContainerStatusRequest(container_id=c.id, verbose=True),
+                                                      timeout=30).info)
+        except Exception:  # noqa: BLE001 -- a pod that went away has no trace; the burst goes on
+            continue
+    return out
 
 
 def run_burst(drivers: list[Driver], n: int, parallel: int, repeat: int, tag: str,
@@ -293,12 +328,25 @@ def run_burst(drivers: list[Driver], n: int, parallel: int, repeat: int, tag: st
             runs[d.name].append(res)
             log(f"burst {r + 1}/{repeat} {d.name}: {res['started']}/{n} pods in {res['start_s']} s "
                 f"({res['pods_per_s']} pods/s), teardown {res['teardown_s']} s, {res['n_errors']} errors")
-    out: dict = {"n": n, "parallel": parallel, "repeat": repeat, "runs": runs, "median": {}}
+    steps: dict[str, list[float]] = {}
+    for d in drivers:
+        for res in runs[d.name]:
+            for k, v in res.pop("steps", {}).items():
+                steps.setdefault(k, []).extend(v)
+    out: dict = {"n": n, "parallel": parallel, "repeat": repeat, "runs": runs, "median": {},
+                 "steps_ms": {k: {"median": round(statistics.median(v), 1), "p90": round(_pct(v, 90), 1),
+                                  "max": round(max(v), 1), "sum_s": round(sum(v) / 1e3, 2), "n": len(v)}
+                              for k, v in steps.items()}}
     for name, rs in runs.items():
         med = {k: round(statistics.median(x[k] for x in rs), 2) for k in ("start_s", "teardown_s")}
         med["pods_per_s"] = round(n / med["start_s"], 2) if med["start_s"] else 0.0   # of the median start
         out["median"][name] = med
     return out
+
+
+def _pct(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[max(0, min(len(s) - 1, int(-(-len(s) * q // 100)) - 1))]
 
 
 def _shim_memory(pids: list[int]) -> dict:
@@ -470,6 +518,11 @@ def _burst_table(b: dict) -> str:
         lines.append(f"| {n} #{i + 1} | {r['start_s']} | {r['pods_per_s']} | {r['teardown_s']} | "
                      f"{pp.get('median')} ({pp.get('max')}) | {r['n_errors']} | {r['load']} | {sh.get('count')} | "
                      f"{sh.get('Pss_median')} | {sh.get('Pss_sum')} |")
+    if b.get("steps_ms"):
+        lines += ["", "| husk-cri start-up step (trace), all bursts | median ms | p90 ms | max ms | sum s | n |",
+                  "|---|---|---|---|---|---|"]
+        for k, v in sorted(b["steps_ms"].items(), key=lambda kv: -kv[1]["sum_s"]):
+            lines.append(f"| {k} | {v['median']} | {v['p90']} | {v['max']} | {v['sum_s']} | {v['n']} |")
     return "\n".join(lines)
 
 

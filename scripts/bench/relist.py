@@ -4,31 +4,37 @@ List* latencies while a client relists as kubelet does.
 
 Both daemons run side by side (scripts/bench/cri.py's launcher, driver and pod/container creation): N pods
 (sandbox + one busybox `sleep 3600` each, created alternately on both) with the daemon's PSS read at 0, 20 and
-N pods. Then the relisting client calls ListPodSandbox, ListContainers (kubelet's PLEG relist, every second),
-ListPodSandboxStats and ListContainerStats (its stats provider) once per --interval, one after the other,
-against each daemon in turn in --slice second slices (alternating, so a change in the machine's load falls on
-both), --seconds in all per daemon. Per daemon: utime+stime from /proc/<pid>/stat (the process's own threads,
-children excluded) of the daemon, of husk-cri's spawner, and summed over the shims (husk-shim, or
-containerd-shim-runc-v2); p50/p99/max of each RPC. Everything is torn down at the end.
+N pods. Then the relisting client relists as kubelet does, against each daemon in turn in --slice second
+slices (alternating, so a change in the machine's load falls on both), --seconds in all per daemon: its PLEG
+(ListPodSandbox, ListContainers) and its stats provider (ListPodSandboxStats, ListContainerStats) are two
+concurrent callers, the stats one once per --interval, the PLEG one waiting --interval * U(0.75, 1.25) after
+each relist, so PLEG calls fall at every phase of the stats calls (a List that waits behind a stats sweep
+shows). --sequential: one caller making the four calls one after the other per --interval (before 2026-12-02
+the only mode; a List never overlapped a stats call then). Per daemon: utime+stime from /proc/<pid>/stat (the
+process's own threads, children excluded) of the daemon, of husk-cri's spawner, and summed over the shims
+(husk-shim, or containerd-shim-runc-v2); p50/p99/max of each RPC. Everything is torn down at the end.
 
 After the window, --back-to-back N calls of ListPodSandbox and of ListContainers in a tight loop per daemon
 give the per-call latency without the wake-up from a second of idling.
 
 Usage: scripts/bench/relist [--pods 100] [--seconds 300] [--slice 30] [--interval 1] [--back-to-back 200]
-                            [--rpcs ListPodSandbox,ListContainers,...] [--out DIR] [--runtime in-process|runc]
-                            [--skip-containerd] [--log-level warn] [--py-spy FILE]
+                            [--sequential] [--rpcs ListPodSandbox,ListContainers,...] [--out DIR]
+                            [--runtime in-process|runc] [--skip-containerd] [--log-level warn] [--py-spy FILE]
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
+from typing import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cri  # noqa: E402  (scripts/bench/cri.py: launcher, driver, memory helpers; it puts the repo on sys.path)
@@ -106,6 +112,7 @@ class Side:
         self.items: dict[str, int] = {}
         self.seconds = 0.0
         self.relists = 0
+        self.pleg_relists = 0
         self.rpcs = set(RPCS)
 
     def cpu_now(self) -> dict[str, dict[int, float]]:
@@ -119,23 +126,25 @@ class Side:
             # Only processes present at both ends count (none start or stop during the relist window).
             self.cpu[k] += sum(after[k][p] - before[k][p] for p in after[k] if p in before[k])
 
-    def relist_once(self) -> None:
+    def calls(self) -> dict[str, Callable[[], int]]:
         from cri_server.api.v1 import api_pb2 as pb
         rt = self.driver.rt
-        calls = (("ListPodSandbox", lambda: len(rt.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=30).items)),
-                 ("ListContainers", lambda: len(rt.ListContainers(pb.ListContainersRequest(),
-                                                                  timeout=30).containers)),
-                 ("ListPodSandboxStats", lambda: len(rt.ListPodSandboxStats(pb.ListPodSandboxStatsRequest(),
-                                                                            timeout=30).stats)),
-                 ("ListContainerStats", lambda: len(rt.ListContainerStats(pb.ListContainerStatsRequest(),
-                                                                          timeout=30).stats)))
+        return {"ListPodSandbox": lambda: len(rt.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=30).items),
+                "ListContainers": lambda: len(rt.ListContainers(pb.ListContainersRequest(), timeout=30).containers),
+                "ListPodSandboxStats": lambda: len(rt.ListPodSandboxStats(pb.ListPodSandboxStatsRequest(),
+                                                                          timeout=30).stats),
+                "ListContainerStats": lambda: len(rt.ListContainerStats(pb.ListContainerStatsRequest(),
+                                                                        timeout=30).stats)}
+
+    def relist_once(self, names: tuple[str, ...] = RPCS) -> None:
         import grpc
-        for name, call in calls:
+        calls = self.calls()
+        for name in names:
             if name in self.errors or name not in self.rpcs:
                 continue
             t0 = time.perf_counter()
             try:
-                n = call()
+                n = calls[name]()
             except grpc.RpcError as e:
                 self.errors[name] = f"{e.code().name}: {e.details()}"
                 log(f"{self.name} {name}: {self.errors[name]} (not called again)")
@@ -143,27 +152,50 @@ class Side:
             self.lat[name].append((time.perf_counter() - t0) * 1e3)
             self.items[name] = n
 
-    def relist(self, seconds: float, interval: float) -> None:
+    def relist(self, seconds: float, interval: float, sequential: bool = False) -> None:
+        """Relists for `seconds`. sequential: the four calls one after the other once per interval. Else as
+        kubelet: its PLEG (ListPodSandbox, ListContainers) and its stats provider (ListPodSandboxStats,
+        ListContainerStats) are separate callers; the stats caller runs once per interval, the PLEG caller
+        waits interval * U(0.75, 1.25) after each relist (kubelet waits a period after the relist ends), so
+        its calls fall at every phase of the stats calls, sometimes in the middle of them."""
         before = self.cpu_now()
         t_start = time.monotonic()
+        if sequential:
+            self.relists += self._ticking(RPCS, t_start, seconds, interval)
+        else:
+            rng = random.Random(self.relists)
+            pleg = threading.Thread(target=self._pleg, args=(t_start, seconds, interval, rng))
+            pleg.start()
+            self.relists += self._ticking(RPCS[2:], t_start, seconds, interval)
+            pleg.join()
+        self.seconds += time.monotonic() - t_start
+        self.add_cpu(before, self.cpu_now())
+
+    def _ticking(self, names: tuple[str, ...], t_start: float, seconds: float, interval: float) -> int:
+        n = 0
         tick = t_start
         while time.monotonic() - t_start < seconds:
-            self.relist_once()
-            self.relists += 1
+            self.relist_once(names)
+            n += 1
             tick += interval
             delay = tick - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
             else:
                 tick = time.monotonic()     # late: no burst of catch-up relists
-        self.seconds += time.monotonic() - t_start
-        self.add_cpu(before, self.cpu_now())
+        return n
+
+    def _pleg(self, t_start: float, seconds: float, interval: float, rng: random.Random) -> None:
+        while time.monotonic() - t_start < seconds:
+            self.relist_once(RPCS[:2])
+            self.pleg_relists += 1
+            time.sleep(interval * rng.uniform(0.75, 1.25))
 
     def summary(self) -> dict:
         lat = {r: {"p50": round(percentile(v, 50), 2), "p99": round(percentile(v, 99), 2),
                    "max": round(max(v), 2), "n": len(v)} for r, v in self.lat.items() if v}
         return {"cpu_s": {k: round(v, 2) for k, v in self.cpu.items()}, "window_s": round(self.seconds, 1),
-                "relists": self.relists,
+                "relists": self.relists, "pleg_relists": self.pleg_relists,
                 "latency_ms": lat, "items": self.items, "errors": self.errors}
 
 
@@ -183,6 +215,9 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=300, help="relisting time per daemon")
     ap.add_argument("--slice", type=float, default=30, help="relist one daemon this long, then the other")
     ap.add_argument("--interval", type=float, default=1.0, help="one relist (the four RPCs) per interval")
+    ap.add_argument("--sequential", action="store_true",
+                    help="one client calling the four RPCs one after the other (the default: kubelet's PLEG and "
+                         "stats provider as two concurrent callers)")
     ap.add_argument("--back-to-back", type=int, default=200, metavar="N",
                     help="then N ListPodSandbox and N ListContainers in a tight loop per daemon")
     ap.add_argument("--rpcs", default=",".join(RPCS), help="the RPCs a relist makes (comma-separated)")
@@ -211,6 +246,7 @@ def main() -> int:
     husk_net = ctd_net = husk = ctd = None
     sides: list[Side] = []
     results: dict = {"pods": a.pods, "seconds": a.seconds, "slice": a.slice, "interval": a.interval,
+                     "client": "sequential" if a.sequential else "kubelet (PLEG and stats concurrent)",
                      "husk_runtime": a.runtime, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                      "cpus": os.cpu_count(), "load_before": os.getloadavg()}
     try:
@@ -280,7 +316,7 @@ def main() -> int:
                                             "--rate", "50", "--idle", "--threads", "-o",
                                             f"{a.py_spy}.{int(done[s.name])}", "--duration", str(int(span))],
                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                s.relist(span, a.interval)
+                s.relist(span, a.interval, a.sequential)
                 if spy is not None:
                     spy.wait()
                 done[s.name] += span
@@ -314,7 +350,8 @@ def table(r: dict) -> str:
     names = list(rel)
     lines = [f"{r['date']}, {r['cpus']} CPUs, load {r['load_before'][0]:.2f} before, "
              f"{r['load_after'][0]:.2f} after (1-min averages); {r['pods']} pods; relist every {r['interval']} s "
-             f"for {r['seconds']} s per daemon in {r['slice']} s slices", "",
+             f"for {r['seconds']} s per daemon in {r['slice']} s slices; client: {r.get('client', 'sequential')}",
+             "",
              "| | " + " | ".join(names) + (" | husk / containerd |" if len(names) == 2 else " |"),
              "|---|" + "---|" * (len(names) + (len(names) == 2))]
 
@@ -337,6 +374,8 @@ def table(r: dict) -> str:
     row("daemon + spawner + shims CPU (s)", [round(sum(rel[n]["cpu_s"].values()), 2) for n in names])
     row("relists done (one per interval unless the four calls took longer)", [rel[n]["relists"] for n in names],
         ratio=False)
+    if any(rel[n].get("pleg_relists") for n in names):
+        row("PLEG relists done (concurrent client)", [rel[n].get("pleg_relists", 0) for n in names], ratio=False)
     row("daemon CPU per relist (ms)", [round(rel[n]["cpu_s"]["daemon"] * 1e3 / max(rel[n]["relists"], 1), 1)
                                        for n in names])
     row("daemon + spawner + shims CPU per relist (ms)",

@@ -391,12 +391,12 @@ class Bed:
         roots = [self.out, self.cgroup_root]
         if self.cri is not None:
             roots.append(self.cri.state)
-        with open("/proc/self/mountinfo") as f:
-            for line in f:
-                mp = line.split()[4]
-                if any(mp.startswith(r + "/") or mp == r for r in roots if r.startswith("/") and len(r) > 5
-                       and r != self.cgroup_root):
-                    out.append(f"mount left: {mp}")
+        from runtime import mountinfo
+        for m in mountinfo.read():
+            mp = m.point
+            if any(mp.startswith(r + "/") or mp == r for r in roots if r.startswith("/") and len(r) > 5
+                   and r != self.cgroup_root):
+                out.append(f"mount left: {mp}")
         for ctrl in os.listdir("/sys/fs/cgroup"):
             d = os.path.join("/sys/fs/cgroup", ctrl, self.cgroup_root.lstrip("/"))
             if os.path.isdir(d):

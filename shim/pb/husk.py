@@ -13,7 +13,7 @@ PACKAGE = "husk.shim.v1"
 
 
 class CreateOptions(Message):
-    __slots__ = ('log_path', 'runtime', 'runtime_root', 'stdin_once', 'attach', 'cgroup_path', 'systemd_cgroup')
+    __slots__ = ('log_path', 'runtime', 'runtime_root', 'stdin_once', 'attach', 'cgroup_path', 'systemd_cgroup', 'state_dir')
     FULL_NAME = "husk.shim.v1.CreateOptions"
     FIELDS = (
         Field(1, "log_path", STRING),
@@ -23,6 +23,7 @@ class CreateOptions(Message):
         Field(5, "attach", BOOL),
         Field(6, "cgroup_path", STRING),
         Field(7, "systemd_cgroup", BOOL),
+        Field(8, "state_dir", STRING),
     )
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from tests.e2e import dropin_host as host
 from tests.e2e.dropin_runtimes import RuntimeBinary
+from tests.support.waiting import wait_for
 
 log = logging.getLogger(__name__)
 
@@ -93,10 +94,13 @@ class PrivateContainerd:
                                          close_fds=True, start_new_session=True)
         finally:
             logf.close()
-        ready = host.wait_until(lambda: self.proc.poll() is not None or
-                                self.ctr("version", check=False, timeout=10).returncode == 0, timeout=30)
-        if not ready or self.proc.poll() is not None:
-            raise RuntimeError(f"containerd did not come up on {self.address}: {self.log_tail()}")
+        proc = self.proc
+
+        def answers() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError(f"containerd exited {proc.returncode}: {self.log_tail()}")
+            return self.ctr("version", check=False, timeout=10).returncode == 0
+        wait_for(answers, 30, lambda: f"containerd to answer on {self.address}: {self.log_tail()}", interval=0.1)
 
     def log_tail(self, lines: int = 30) -> str:
         try:
@@ -150,7 +154,10 @@ class PrivateContainerd:
         """Best-effort removal of one container and its task (cleanup path; never raises)."""
         try:
             self.ctr("task", "kill", "-a", "-s", "SIGKILL", cid, check=False, timeout=15)
-            host.wait_until(lambda: self.task_status(cid, timeout=15) in (None, "STOPPED"), timeout=10)
+            try:
+                wait_for(lambda: self.task_status(cid, timeout=15) in (None, "STOPPED"), 10, f"{cid} to stop")
+            except AssertionError as e:   # task rm -f below kills what is left
+                log.warning("%s", e)
             self.ctr("task", "rm", "-f", cid, check=False, timeout=15)
             self.ctr("containers", "rm", cid, check=False, timeout=15)
         except (subprocess.SubprocessError, AssertionError) as e:

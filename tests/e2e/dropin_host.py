@@ -15,6 +15,7 @@ from pathlib import Path
 
 from runtime.linux import syscalls
 from tests.support.mountinfo import mounts_under
+from tests.support.waiting import wait_for
 
 log = logging.getLogger(__name__)
 
@@ -74,17 +75,22 @@ def remove_cgroup_tree(rel: str) -> list[str]:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-            for _ in range(50):
-                try:
-                    d.rmdir()
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError:
-                    time.sleep(0.1)  # killed processes leave the cgroup asynchronously
-            else:
+            try:   # killed processes leave the cgroup asynchronously
+                wait_for(lambda: _rmdir(d), 5, f"{d} to be empty", interval=0.1)
+            except AssertionError:
                 problems.append(str(d))
     return problems
+
+
+def _rmdir(d: Path) -> bool:
+    """Removes the empty directory d: True once it is gone, False while it is busy."""
+    try:
+        d.rmdir()
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return False
+    return True
 
 
 def process_cgroup(pid: int, controller: str) -> str | None:
@@ -161,17 +167,6 @@ def cmdline_arg(pid: int, flag: str) -> str | None:
         if a == flag:
             return args[i + 1]
     return None
-
-
-def wait_until(predicate, timeout: float = 20.0, interval: float = 0.1) -> bool:
-    """Poll predicate until it is true or timeout passes (readiness, never a pass/fail timing)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if predicate():
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(interval)
 
 
 def stop_process(proc: subprocess.Popen, timeout: float = 20.0) -> None:

@@ -17,6 +17,7 @@ from tests.e2e.dropin_containerd import CONTAINERD, CTR, SHIM, PrivateContainerd
 from tests.e2e.dropin_image import BuiltImage, build_image
 from tests.e2e.dropin_runtimes import RUNTIME_NAMES, resolve
 from tests.e2e.dropin_taskapi import TaskError, delete_task
+from tests.support.waiting import wait_for
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +144,7 @@ def test_kill_delivers_signals(ctd: PrivateContainerd, busybox_image: BuiltImage
     ctd.run(busybox_image.name, cid, "sh", "-c", script, detach=True)
     assert ctd.task_status(cid) == "RUNNING"
     ctd.ctr("task", "kill", "-s", "SIGTERM", cid)
-    assert host.wait_until(lambda: ctd.task_status(cid) == "STOPPED"), ctd.task_status(cid)
+    wait_for(lambda: ctd.task_status(cid) == "STOPPED", 20, lambda: f"{cid} STOPPED, is {ctd.task_status(cid)}")
     res = ctd.ctr("task", "rm", cid)
     # ctr reports a non-zero exit status on deletion; the handler's code proves the signal arrived.
     assert "exit code 42" in res.stderr, res.stderr
@@ -152,11 +153,11 @@ def test_kill_delivers_signals(ctd: PrivateContainerd, busybox_image: BuiltImage
 def test_kill_all_and_sigkill(ctd: PrivateContainerd, busybox_image: BuiltImage, cid: str) -> None:
     ctd.run(busybox_image.name, cid, "sh", "-c", "sleep 1000 & sleep 1000 & wait", detach=True)
     pid = ctd.task_pid(cid)
-    assert host.wait_until(lambda: len(_children(pid)) == 2), _children(pid)
+    wait_for(lambda: len(_children(pid)) == 2, 20, lambda: f"2 children of {pid}: {_children(pid)}")
     children = [host.ProcId.of(p) for p in _children(pid)]
     ctd.ctr("task", "kill", "-a", "-s", "SIGKILL", cid)
-    assert host.wait_until(lambda: ctd.task_status(cid) == "STOPPED")
-    assert host.wait_until(lambda: not any(c.alive() for c in children))
+    wait_for(lambda: ctd.task_status(cid) == "STOPPED", 20, lambda: f"{cid} STOPPED, is {ctd.task_status(cid)}")
+    wait_for(lambda: not any(c.alive() for c in children), 20, "the children to be gone")
     res = ctd.ctr("task", "rm", cid)
     assert "exit code 137" in res.stderr
 
@@ -166,7 +167,7 @@ def test_kill_after_exit(ctd: PrivateContainerd, busybox_image: BuiltImage, cid:
     # "process already finished" only by matching the text "container not running" in the --log file;
     # `kill --all` on a stopped container must succeed (containerd's CRI plugin sends it twice on stop).
     ctd.run(busybox_image.name, cid, "true", detach=True)
-    assert host.wait_until(lambda: ctd.task_status(cid) == "STOPPED")
+    wait_for(lambda: ctd.task_status(cid) == "STOPPED", 20, lambda: f"{cid} STOPPED, is {ctd.task_status(cid)}")
     single = ctd.ctr("task", "kill", "-s", "SIGKILL", cid, check=False)
     assert single.returncode == 0 or "process already finished" in single.stderr, single.stderr
     assert ctd.ctr("task", "kill", "-a", "-s", "SIGKILL", cid, check=False).returncode == 0
@@ -210,21 +211,21 @@ def test_delete_stopped_leaves_nothing(ctd: PrivateContainerd, busybox_image: Bu
     assert ctd.runtime_root_ns.joinpath(cid).is_dir()
     assert host.mounts_under(ctd.bundle(cid)), "rootfs should be mounted while the task runs"
     ctd.ctr("task", "kill", "-s", "SIGKILL", cid)
-    assert host.wait_until(lambda: ctd.task_status(cid) == "STOPPED")
+    wait_for(lambda: ctd.task_status(cid) == "STOPPED", 20, lambda: f"{cid} STOPPED, is {ctd.task_status(cid)}")
     ctd.ctr("task", "rm", cid)
     ctd.ctr("containers", "rm", cid)
-    assert host.wait_until(lambda: ctd.leftovers(cid, pids) == []), ctd.leftovers(cid, pids)
+    wait_for(lambda: ctd.leftovers(cid, pids) == [], 20, lambda: f"nothing left of {cid}: {ctd.leftovers(cid, pids)}")
 
 
 def test_force_delete_running_leaves_nothing(ctd: PrivateContainerd, busybox_image: BuiltImage,
                                              cid: str) -> None:
     ctd.run(busybox_image.name, cid, "sh", "-c", "sleep 1000 & sleep 1000 & wait", detach=True)
     pid = ctd.task_pid(cid)
-    assert host.wait_until(lambda: len(_children(pid)) == 2), _children(pid)
+    wait_for(lambda: len(_children(pid)) == 2, 20, lambda: f"2 children of {pid}: {_children(pid)}")
     pids = [host.ProcId.of(pid)] + [host.ProcId.of(p) for p in _children(pid)]
     ctd.ctr("task", "rm", "-f", cid)
     ctd.ctr("containers", "rm", cid)
-    assert host.wait_until(lambda: ctd.leftovers(cid, pids) == []), ctd.leftovers(cid, pids)
+    wait_for(lambda: ctd.leftovers(cid, pids) == [], 20, lambda: f"nothing left of {cid}: {ctd.leftovers(cid, pids)}")
 
 
 def test_delete_of_created_task_leaves_nothing(ctd: PrivateContainerd, busybox_image: BuiltImage, cid: str,
@@ -249,12 +250,12 @@ def test_delete_of_created_task_leaves_nothing(ctd: PrivateContainerd, busybox_i
     assert deleted.pid == pid
     assert ctd.task_status(cid) is None
     ctd.ctr("containers", "rm", cid)
-    assert host.wait_until(lambda: ctd.leftovers(cid, pids) == []), ctd.leftovers(cid, pids)
+    wait_for(lambda: ctd.leftovers(cid, pids) == [], 20, lambda: f"nothing left of {cid}: {ctd.leftovers(cid, pids)}")
 
 
 def test_run_rm_leaves_nothing(ctd: PrivateContainerd, busybox_image: BuiltImage, cid: str) -> None:
     ctd.run(busybox_image.name, cid, "true", rm=True)
-    assert host.wait_until(lambda: ctd.leftovers(cid, []) == []), ctd.leftovers(cid, [])
+    wait_for(lambda: ctd.leftovers(cid, []) == [], 20, lambda: f"nothing left of {cid}: {ctd.leftovers(cid, [])}")
 
 
 def test_exec_user_and_cwd(ctd: PrivateContainerd, busybox_image: BuiltImage, cid: str) -> None:

@@ -16,6 +16,7 @@ from tests.e2e import dropin_host as host
 from tests.e2e.dropin_image import BuiltImage, build_image
 from tests.e2e.dropin_podman import PODMAN, PrivatePodman, default_ulimits
 from tests.e2e.dropin_runtimes import RUNTIME_NAMES, resolve
+from tests.support.waiting import wait_for
 
 log = logging.getLogger(__name__)
 
@@ -181,7 +182,7 @@ def test_rm_force_leaves_nothing(pm: PrivatePodman, busybox_image: BuiltImage, n
     procs = [host.ProcId.of(pid), host.ProcId.of(conmon)]
     assert host.cgroup_paths(pm.cgroup_path(cid))
     pm.podman("rm", "-f", "-t", "0", name)
-    assert host.wait_until(lambda: pm.leftovers(cid, procs) == []), pm.leftovers(cid, procs)
+    wait_for(lambda: pm.leftovers(cid, procs) == [], 20, lambda: f"nothing left of {cid}: {pm.leftovers(cid, procs)}")
 
 
 def test_stop_then_rm_leaves_nothing(pm: PrivatePodman, busybox_image: BuiltImage, name: str) -> None:
@@ -191,7 +192,7 @@ def test_stop_then_rm_leaves_nothing(pm: PrivatePodman, busybox_image: BuiltImag
     procs = [host.ProcId.of(info["State"]["Pid"]), host.ProcId.of(info["State"]["ConmonPid"])]
     pm.podman("stop", "-t", "0", name)
     pm.podman("rm", name)
-    assert host.wait_until(lambda: pm.leftovers(cid, procs) == []), pm.leftovers(cid, procs)
+    wait_for(lambda: pm.leftovers(cid, procs) == [], 20, lambda: f"nothing left of {cid}: {pm.leftovers(cid, procs)}")
 
 
 def test_run_rm_leaves_nothing(pm: PrivatePodman, busybox_image: BuiltImage, name: str) -> None:
@@ -199,7 +200,7 @@ def test_run_rm_leaves_nothing(pm: PrivatePodman, busybox_image: BuiltImage, nam
     cid = pm.inspect(name)["Id"]
     pm.podman("start", "--attach", name)
     pm.podman("rm", name)
-    assert host.wait_until(lambda: pm.leftovers(cid, []) == []), pm.leftovers(cid, [])
+    wait_for(lambda: pm.leftovers(cid, []) == [], 20, lambda: f"nothing left of {cid}: {pm.leftovers(cid, [])}")
 
 
 def test_exec_user_env_workdir(pm: PrivatePodman, busybox_image: BuiltImage, name: str) -> None:

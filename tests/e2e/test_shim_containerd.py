@@ -114,7 +114,10 @@ def containerd(tmp_path, request):
         c.start()
     for cid in started:
         c.ctr("task", "kill", "-s", "SIGKILL", cid, check=False)
-        time.sleep(0.2)
+        try:
+            wait_for(lambda: _task_status(c, cid) in ("", "STOPPED"), 10, f"{cid} to stop")
+        except AssertionError:
+            pass  # delete -f below kills what is left
         c.ctr("task", "delete", "-f", cid, check=False)
         c.ctr("container", "delete", cid, check=False)
     c.ctr("images", "rm", REF, check=False)
@@ -160,7 +163,7 @@ def test_ctr_run_exec_kill_and_containerd_restart(containerd):
     # containerd goes away and comes back: the container and its shim keep running
     containerd.stop()
     os.kill(pid, 0)
-    time.sleep(0.5)
+    time.sleep(0.5)  # deliberate: half a second without containerd, and the container is still there
     os.kill(pid, 0)
     containerd.start()
     wait_for(lambda: _task_status(containerd, cid) == "RUNNING", 30, "task running after restart")

@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from tests.support.waiting import wait_for
+
 TOP = Path(__file__).resolve().parents[2]
 MKBUNDLE = TOP / "bundles" / "mkbundle"
 BUSYBOX = "/usr/bin/busybox"
@@ -65,10 +67,22 @@ class Runtime:
     def state(self, cid: str) -> dict[str, Any]:
         return json.loads(self("state", cid).stdout)
 
+    def wait_status(self, cid: str, want: str, timeout: float = 30.0) -> dict[str, Any]:
+        """Polls `state` until the status is `want` (the state returned); AssertionError after `timeout` s."""
+        return wait_for(lambda: (st := self.state(cid))["status"] == want and st, timeout,
+                        f"container {cid} to be {want}")
+
     def cleanup(self) -> None:
         for cid in self.created:
             subprocess.run([*self.argv, "--root", self.root, "delete", "--force", cid], capture_output=True,
                            timeout=60)
+
+
+def run_script(rt: Runtime, make_bundle: Any, script: str, edit: Any = None) -> str:
+    """Runs `sh -c script` in a fresh busybox container (foreground); its stdout, after asserting exit 0."""
+    cp = rt.run(make_bundle(["sh", "-c", script], edit=edit))
+    assert cp.returncode == 0, cp.stderr
+    return cp.stdout
 
 
 @pytest.fixture

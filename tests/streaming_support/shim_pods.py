@@ -2,7 +2,7 @@
 StreamTargets over them, and a StreamingServer with HuskStreamBackend, with leak checks on both sides.
 
 Every container gets a unique `hstrm-` id; cleanup force-deletes it, ends its shim by pid, removes its
-cgroups. Used by tests/integration/test_streaming_husk*.py (root).
+cgroups. Used by tests/integration/streaming/test_streaming_husk*.py (root).
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from shim.pb import google
 from shim.pb import husk as huskpb
 from shim.pb import task_types
 from tests.shim_fixtures import RunningShim, cleanup_shim, make_bundle, start_shim, unique
+from tests.support.waiting import wait_for_async
 
 # The tests run over every runtime the shim can drive here (runc, and husk when runtime/ is importable).
 DEFAULT_RUNTIME = "runc"
@@ -164,17 +165,10 @@ async def assert_no_leaks(c: ShimContainer, own_children: bool = False) -> None:
 
 
 async def wait_until(pred, what: str, limit: float = 60.0, step: float = 0.02):
-    """Polls a blocking predicate (in a thread) until true. The limit only turns a hang into a failure
-    that says what it waited for."""
+    """waiting.wait_for_async for a blocking predicate (it talks to the shim): run in a thread, so the
+    streaming server in this loop keeps serving meanwhile."""
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + limit
-    while True:
-        v = await loop.run_in_executor(None, pred)
-        if v:
-            return v
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(step)
+    return await wait_for_async(lambda: loop.run_in_executor(None, pred), limit, what, step)
 
 
 logging.getLogger("husk.cri.streaming").setLevel(logging.DEBUG)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
+
+from tests.support.waiting import wait_for
 
 CONTAINERD_CONFIG = """version = 2
 root = "{d}/root"
@@ -40,11 +41,8 @@ class Containerd:
         logf = open(os.path.join(self.d, "containerd.log"), "ab")
         self.proc = subprocess.Popen(["containerd", "--config", conf], stdout=logf, stderr=logf)
         logf.close()
-        for _ in range(200):
-            if os.path.exists(self.sock) and self.ctr("version").returncode == 0:
-                return
-            time.sleep(0.05)
-        raise RuntimeError("containerd did not start; see " + os.path.join(self.d, "containerd.log"))
+        wait_for(lambda: os.path.exists(self.sock) and self.ctr("version").returncode == 0, 10,
+                 f"containerd to answer on {self.sock} (log: {os.path.join(self.d, 'containerd.log')})")
 
     def ctr(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(["ctr", "-a", self.sock, "-n", "bench", *args], capture_output=True, text=True)

@@ -16,10 +16,11 @@ import socket
 import stat
 import subprocess
 import sys
-import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
+
+from tests.support.waiting import wait_for
 
 CNI_BIN = "/usr/lib/cni"
 
@@ -127,13 +128,13 @@ class CriDaemon:
         self.proc = subprocess.Popen([sys.executable, "-m", "cri_server", "--config", self.config_path],
                                      stdout=logf, stderr=logf, stdin=subprocess.DEVNULL)
         logf.close()
-        deadline = time.monotonic() + timeout
-        while not self._answers():
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"husk-cri exited {self.proc.returncode}:\n{self.log()[-3000:]}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"husk-cri did not start:\n{self.log()[-3000:]}")
-            time.sleep(0.05)
+        proc = self.proc
+
+        def answers() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError(f"husk-cri exited {proc.returncode}:\n{self.log()[-3000:]}")
+            return self._answers()
+        wait_for(answers, timeout, f"husk-cri to answer on {self.socket} (log: {self.log_path})")
 
     def _answers(self) -> bool:
         try:

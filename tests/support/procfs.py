@@ -32,3 +32,20 @@ def open_files_under(root: str, ignore: tuple[str, ...] = ()) -> list[str]:
             if target.startswith(root + "/") and not any(x in target for x in ignore):
                 out.append(f"pid {pid}: {target}")
     return out
+
+
+def fd_targets(pid: int) -> list[str]:
+    """What each open fd of `pid` points to (readlink of /proc/PID/fd/N: a path, `anon_inode:[eventfd]`,
+    `anon_inode:[pidfd]`, `pipe:[...]`...); [] once the process is gone."""
+    import os
+    out = []
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return []
+    for fd in fds:
+        try:
+            out.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            continue
+    return out

@@ -21,6 +21,8 @@ import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 
+from tests.support.waiting import wait_for
+
 REGISTRY_BIN = shutil.which("docker-registry") or "/usr/bin/docker-registry"
 SKOPEO = shutil.which("skopeo") or "/usr/bin/skopeo"
 USER, PASSWORD = "husk", "s3cret-pass"
@@ -251,27 +253,35 @@ class LocalRegistry:
             self.proc = subprocess.Popen([REGISTRY_BIN, "serve", conf], stdout=log, stderr=log,
                                          stdin=subprocess.DEVNULL)
             log.close()
-            deadline = time.monotonic() + 15
-            while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    break  # port taken between free_port() and bind: try another
-                try:
-                    if self.tls:
-                        import ssl
-                        ctx = ssl.create_default_context(cafile=self.ca_path)
-                        urllib.request.build_opener(urllib.request.ProxyHandler({}),
-                                                    urllib.request.HTTPSHandler(context=ctx)).open(
-                            f"https://{self.addr}/v2/", timeout=1).close()
-                    else:
-                        _NO_PROXY.open(f"http://{self.addr}/v2/", timeout=1).close()
+            try:
+                if wait_for(self._up_or_exited, 15, f"docker-registry to answer on {self.addr}") == "up":
                     return
-                except urllib.error.HTTPError:
-                    return  # 401 from an auth registry: it is up
-                except OSError:
-                    time.sleep(0.05)
-            self.stop()
+            except AssertionError:
+                self.stop()
+                raise
+            self.stop()  # exited: the port was taken between free_port() and bind, try another
         with open(self.log_path, errors="replace") as f:
             raise RuntimeError(f"docker-registry did not start: {f.read()[-2000:]}")
+
+    def _up_or_exited(self) -> str | None:
+        """"up" once /v2/ answers, "exited" if the process ended, None meanwhile."""
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            return "exited"
+        try:
+            if self.tls:
+                import ssl
+                ctx = ssl.create_default_context(cafile=self.ca_path)
+                urllib.request.build_opener(urllib.request.ProxyHandler({}),
+                                            urllib.request.HTTPSHandler(context=ctx)).open(
+                    f"https://{self.addr}/v2/", timeout=1).close()
+            else:
+                _NO_PROXY.open(f"http://{self.addr}/v2/", timeout=1).close()
+            return "up"
+        except urllib.error.HTTPError:
+            return "up"  # 401 from an auth registry: it is up
+        except OSError:
+            return None
 
     def stop(self) -> None:
         if self.proc is not None:

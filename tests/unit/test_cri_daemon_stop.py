@@ -6,6 +6,7 @@ import asyncio
 import threading
 
 from cri_server import daemon
+from tests.support.waiting import wait_for_async
 
 
 def test_run_loop_returns_without_waiting_for_executor_threads():
@@ -18,8 +19,7 @@ def test_run_loop_returns_without_waiting_for_executor_threads():
 
     async def main() -> int:
         asyncio.get_running_loop().run_in_executor(None, worker)
-        while not started.is_set():
-            await asyncio.sleep(0.001)
+        await wait_for_async(started.is_set, 10, "the worker to start", interval=0.001)
         return 7
 
     try:

@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from cri_server import signals
+from runtime import signals
 from cri_server.api.v1 import api_pb2 as pb
 from cri_server.errors import InvalidArgument
 from cri_server.events import EventBus
@@ -16,6 +16,7 @@ from cri_server.rpc import container_create, container_status, sandbox_run, stat
 from cri_server.spec.context import nofile_limit
 from cri_server.tasks import ExitInfo
 from cri_server.undo import Undo
+from tests.support.waiting import wait_for_async
 
 
 @pytest.mark.parametrize("name,num", [("SIGTERM", 15), ("TERM", 15), ("15", 15), ("sigkill", 9),
@@ -100,7 +101,7 @@ def test_undo_completes_when_the_caller_is_cancelled():
         t.cancel()
         with pytest.raises(asyncio.CancelledError):
             await t
-        await asyncio.sleep(0.1)
+        await wait_for_async(lambda: done, 5, "the undo step to finish")
     asyncio.run(main())
     assert done == ["slow"]
 

@@ -25,6 +25,7 @@ from runtime.cgroups.v1 import V1Manager
 from runtime.cgroups.v2 import V2Manager
 from shim import cgroup_watch
 from shim.pb import cgroups_v1 as cg
+from tests.support.waiting import wait_for_async
 
 GIB = 1 << 30
 NET_DEV = """Inter-|   Receive                                                |  Transmit
@@ -464,7 +465,7 @@ def test_a_cancelled_caller_does_not_cancel_the_shared_reading(svc):
 
     async def go():
         first = asyncio.ensure_future(stats.sample_container(svc, r))
-        await asyncio.sleep(0.01)
+        await wait_for_async(lambda: svc.shims.calls, 5, "the first caller's shim call to start", interval=0.001)
         second = asyncio.ensure_future(stats.sample_container(svc, r))
         await asyncio.sleep(0)
         first.cancel()

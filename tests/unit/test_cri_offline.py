@@ -65,6 +65,28 @@ def test_reading_a_closed_store_creates_no_file(db):
     assert sorted(os.listdir(os.path.dirname(db))) == before     # mode=ro alone would make -wal and -shm
 
 
+def test_a_husk_cri_starting_during_an_immutable_read_makes_it_read_again(db, monkeypatch):
+    """Opened `immutable` (no writer), then husk-cri opens the file mid-read: the first read failed
+    (an immutable reader takes no lock and may see a torn write); the read is redone as a WAL reader."""
+    real = offline.records_from_connection
+    calls = []
+
+    def racing(conn):
+        calls.append(1)
+        if len(calls) == 1:
+            writer = Store(db)          # husk-cri starting: its -wal and -shm appear
+            racing.writer = writer
+            raise sqlite3.DatabaseError("database disk image is malformed")
+        return real(conn)
+
+    monkeypatch.setattr(offline, "records_from_connection", racing)
+    try:
+        snap = offline.read_records(db)
+    finally:
+        racing.writer.close()
+    assert len(calls) == 2 and [s.id for s in snap.sandboxes] == ["a" * 64]
+
+
 def test_records_read_equal_what_the_store_holds(db):
     snap = offline.read_records(db)
     assert sorted(os.listdir(os.path.dirname(db))) == ["metadata.db"]

@@ -66,6 +66,27 @@ def test_host_ids_outside_our_own_user_namespace_are_refused() -> None:
     assert "200000..265535" in msg and "uid_map" in msg
 
 
+@pytest.mark.parametrize("host_id, refused", [(1, True), (999, True), (1000, False), (65536, False)])
+def test_host_ids_of_the_nodes_system_accounts_are_refused(host_id: int, refused: bool) -> None:
+    """host id 1 was accepted: it maps the node's system users (daemon, bin, ...) into the pod. critest maps from
+    1000 (0 1000 100000), kubelet from 65536."""
+    rng = pb.IDMapping(container_id=0, host_id=host_id, length=100000)
+    config = pod(uids=(rng,), gids=(rng,))
+    if refused:
+        with pytest.raises(InvalidArgument, match=r"uids\[0\].host_id: .*system uids 0..999"):
+            namespaces.check_userns(config, own_ranges=everything, system_id_max=lambda kind: 999)
+    else:
+        namespaces.check_userns(config, own_ranges=everything, system_id_max=lambda kind: 999)
+
+
+def test_system_id_max_is_read_from_login_defs(tmp_path) -> None:
+    defs = tmp_path / "login.defs"
+    defs.write_text("#SYS_UID_MAX 1\nSYS_UID_MAX\t\t499\nSYS_GID_MAX 599\n")
+    assert namespaces._system_id_max("uid_map", str(defs)) == 499
+    assert namespaces._system_id_max("gid_map", str(defs)) == 599
+    assert namespaces._system_id_max("uid_map", str(tmp_path / "missing")) == namespaces.SYSTEM_ID_MAX
+
+
 def test_sandbox_spec_makes_the_pod_user_namespace(tmp_path, rootfs) -> None:  # noqa: F811
     spec = builder.sandbox_spec(sctx(tmp_path, rootfs, config=pod()))
     linux = spec["linux"]
@@ -89,6 +110,13 @@ def test_container_spec_joins_the_pause_user_namespace(tmp_path, rootfs) -> None
     assert "idmap" in vol["options"]
     hosts = next(m for m in spec["mounts"] if m["destination"] == "/etc/hosts")
     assert "idmap" in hosts["options"]
+    assert spec["ociVersion"] == "1.2.0"   # the idmap mount option is 1.2's
+
+
+def test_specs_without_newer_fields_keep_the_baseline_version(tmp_path, rootfs) -> None:  # noqa: F811
+    """Only a spec that needs 1.2 says 1.2.0: crun 1.8 refuses any 1.2 spec ("unknown version specified")."""
+    assert builder.container_spec(cctx(tmp_path, rootfs))["ociVersion"] == "1.0.2"
+    assert builder.sandbox_spec(sctx(tmp_path, rootfs))["ociVersion"] == "1.0.2"
 
 
 def test_container_userns_must_agree_with_the_pod(tmp_path, rootfs) -> None:  # noqa: F811

@@ -116,8 +116,8 @@ HOSTILE = [
      "config.port_mappings[0].host_ip", "NUL"),
     (run(pod(labels={"a\0": "b"})), "config.labels: key 'a\\x00'", "NUL"),
     (run(pod(labels={"a": "b\0"})), "config.labels['a']", "NUL"),
-    (run(pod(annotations={"x": "y" * (256 << 10)})), "config.annotations", "at most 262144"),
-    (run(pod(annotations={f"k{i}": "v" * 1000 for i in range(300)})), "config.annotations", "at most 262144"),
+    (run(pod(annotations={"x": "y" * (272 << 10)})), "config.annotations", "at most 278528"),
+    (run(pod(annotations={f"k{i}": "v" * 1000 for i in range(300)})), "config.annotations", "at most 278528"),
     (run(pod(labels={"k" * 5000: "v"})), "config.labels: key", "5000 characters, at most 4096"),
     (run(pod(linux=pb.LinuxPodSandboxConfig(cgroup_parent="/kubepods\0"))), "config.linux.cgroup_parent", "NUL"),
     (run(pod(linux=pb.LinuxPodSandboxConfig(sysctls={"kernel.shm_rmid_forced": "1\0"}))),
@@ -143,7 +143,7 @@ HOSTILE = [
      "config.devices[0].permissions", "at most 3"),
     (create(container(log_path="main/0.log\0")), "config.log_path", "NUL"),
     (create(container(labels={"l": "\0"})), "config.labels['l']", "NUL"),
-    (create(container(annotations={"big": "x" * (10 << 20)})), "config.annotations", "at most 262144"),
+    (create(container(annotations={"big": "x" * (10 << 20)})), "config.annotations", "at most 278528"),
     (create(_with_sc(masked_paths=["/proc/\0"])), "config.linux.security_context.masked_paths[1]", "NUL"),
     (create(_with_sc(apparmor_profile="runtime/default\0")), "config.linux.security_context.apparmor_profile",
      "NUL"),
@@ -266,12 +266,12 @@ def test_removed_records_leave_the_listing_cache_at_once(svc):
     for i in range(3):
         svc.store.put_sandbox(_sandbox(i, annotations={"a": "x" * (200 << 10)} if i else {}))
     asyncio.run(sandbox_status.list_pod_sandbox(svc, pb.ListPodSandboxRequest()))
-    assert len(sandbox_status._items) == 3
+    assert len(sandbox_status.list_items) == 3
     for i in (1, 2):
         svc.store.delete_sandbox(_sandbox(i).id)
     asyncio.run(sandbox_status.list_pod_sandbox(svc, pb.ListPodSandboxRequest(
         filter=pb.PodSandboxFilter(id=_sandbox(0).id))))
-    assert len(sandbox_status._items) == 1
+    assert len(sandbox_status.list_items) == 1
 
 
 def test_container_list_cache_forgets_removed_containers(svc):
@@ -284,7 +284,7 @@ def test_container_list_cache_forgets_removed_containers(svc):
     svc.store.put_container(dataclasses.replace(rec, id="d" * 64, name="d"))
     svc.store.delete_container(rec.id)
     resp = asyncio.run(container_status.list_containers(svc, pb.ListContainersRequest()))
-    assert [c.id for c in resp.containers] == ["d" * 64] and len(container_status._items) == 1
+    assert [c.id for c in resp.containers] == ["d" * 64] and len(container_status.list_items) == 1
 
 
 # --- host paths -----------------------------------------------------------------------------------------

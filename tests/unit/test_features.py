@@ -163,3 +163,11 @@ def test_cli_prints_the_document() -> None:
     out = subprocess.run([sys.executable, "-m", "runtime.cli", "features"], capture_output=True, text=True,
                          check=True).stdout
     assert json.loads(out) == json.loads(json.dumps(DOC))
+
+
+def test_document_lists_what_containerd_and_runc_users_check() -> None:
+    assert DOC["ociVersionMin"] == "1.0.0" and "poststop" in DOC["hooks"] and "rbind" in DOC["mountOptions"]
+    # containerd 2 gates idmapped volumes on this: true only with the checker and the kernel behind it
+    assert DOC["linux"]["mountExtensions"]["idmap"]["enabled"] is True
+    assert "idmap" in DOC["mountOptions"] and "ridmap" in DOC["mountOptions"]
+    assert "CAP_SYS_ADMIN" in DOC["linux"]["capabilities"]

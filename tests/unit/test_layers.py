@@ -111,3 +111,102 @@ for pkg, banned in (("runtime", ("shim", "cri_server")), ("shim", ("cri_server",
     r = subprocess.run([sys.executable, "-c", code, str(TOP)], capture_output=True, text=True, timeout=120,
                        cwd=TOP, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+# --- inside cri_server: no reads of another module's private names; the task layer does not import RPCs ---
+# module -> the packages it must never import (the RPC layer passes callbacks down instead)
+FORBIDDEN_INSIDE = {"cri_server.tasks": ("cri_server.rpc",), "cri_server.recovery": ("cri_server.rpc",)}
+_PROJECT = ("runtime", "shim", "cri_server")
+
+
+def _module_of(path: Path, top: Path) -> str:
+    return ".".join(path.relative_to(top).with_suffix("").parts).removesuffix(".__init__")
+
+
+def module_aliases(tree: ast.AST, module: str, is_package: bool, top: Path = TOP) -> dict[str, str]:
+    """Local name -> project module, for every name an import binds to a module of the project."""
+    out: dict[str, str] = {}
+    package = module if is_package else module.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                out[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - (node.level - 1)] if node.level > 1 else base
+                prefix = ".".join(base + ([node.module] if node.module else []))
+            else:
+                prefix = node.module or ""
+            for a in node.names:
+                full = f"{prefix}.{a.name}"
+                p = top.joinpath(*full.split("."))
+                if p.with_suffix(".py").exists() or (p / "__init__.py").exists():
+                    out[a.asname or a.name] = full
+    return {k: v for k, v in out.items() if v.split(".")[0] in _PROJECT}
+
+
+def private_reads(source: str, module: str, is_package: bool = False, top: Path = TOP) -> list[tuple[int, str]]:
+    """(line, what) of every `m._name` where m is another project module bound by an import, and of every
+    `store._name` / `x.store._name` (the metadata Store's private fields) outside cri_server.store."""
+    tree = ast.parse(source)
+    aliases = module_aliases(tree, module, is_package, top)
+    out = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute) or not node.attr.startswith("_") or node.attr.startswith("__"):
+            continue
+        v = node.value
+        if isinstance(v, ast.Name) and aliases.get(v.id, module) != module:
+            out.append((node.lineno, f"{v.id}.{node.attr} of {aliases[v.id]}"))
+        elif ((isinstance(v, ast.Name) and v.id == "store") or (isinstance(v, ast.Attribute) and v.attr == "store")) \
+                and not module.startswith("cri_server.store"):
+            out.append((node.lineno, f"the Store's {node.attr}"))
+    return out
+
+
+def inner_violations(top: Path = TOP) -> list[str]:
+    found = []
+    for path in sorted((top / "cri_server").rglob("*.py")):
+        rel = path.relative_to(top)
+        if any(part.startswith(".") or part == "__pycache__" for part in rel.parts) or rel.parts[:2] == ("cri_server", "api"):
+            continue
+        module = _module_of(path, top)
+        source = path.read_text()
+        found += [f"{rel}:{line}: reads {what}" for line, what in private_reads(source, module, path.name == "__init__.py", top)]
+        banned = FORBIDDEN_INSIDE.get(module, ())
+        found += [f"{rel}:{line}: {module} imports {name}"
+                  for line, name in imported_names(source, module, path.name == "__init__.py")
+                  if any(name == b or name.startswith(b + ".") for b in banned)]
+    return found
+
+
+def test_no_cri_server_module_reads_private_names_or_imports_the_rpc_layer_from_below():
+    assert inner_violations() == []
+
+
+@pytest.mark.parametrize("code", [
+    "from cri_server.store import store as st\nst._from_row(1)",
+    "from cri_server.rpc import sandbox_status\nsandbox_status._items.check_room()",
+    "import cri_server.offline as off\noff._records()",
+    "def f(svc):\n    return svc.store._sandboxes.get('x')",
+    "def f(store):\n    return store._containers",
+])
+def test_the_private_read_check_sees(code):
+    assert private_reads(code, "cri_server.tasks") != []
+
+
+def test_the_private_read_check_allows_own_and_foreign_privates():
+    code = "import os\n_x = 1\ndef f(self):\n    os._exit(self._y + _x)\n"
+    assert private_reads(code, "cri_server.daemon") == []
+
+
+def test_an_inner_violation_is_reported(tmp_path):
+    (tmp_path / "cri_server" / "rpc").mkdir(parents=True)
+    (tmp_path / "cri_server" / "rpc" / "__init__.py").write_text("")
+    (tmp_path / "cri_server" / "rpc" / "events.py").write_text("_x = 1\n")
+    (tmp_path / "cri_server" / "tasks.py").write_text("def f():\n    from cri_server.rpc import events\n    return events._x\n")
+    assert inner_violations(tmp_path) == [
+        "cri_server/tasks.py:3: reads events._x of cri_server.rpc.events",
+        "cri_server/tasks.py:2: cri_server.tasks imports cri_server.rpc",
+        "cri_server/tasks.py:2: cri_server.tasks imports cri_server.rpc.events",
+    ]

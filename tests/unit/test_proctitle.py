@@ -1,4 +1,4 @@
-"""shim/proctitle.py in a child process (no root): comm, the command line in place, and the overflow into the
+"""runtime/linux/proctitle.py in a child process (no root): comm, the command line in place, and the overflow into the
 environment strings when the argv area is too short (husk-cri started as a bare `husk-cri`)."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))
 CHILD = """
 import ctypes, json, os, sys
 sys.path.insert(0, os.environ["TOP"])
-from shim.proctitle import set_title
+from runtime.linux.proctitle import set_title
 set_title(os.environ["TITLE"])
 libc = ctypes.CDLL(None)
 libc.getenv.restype = ctypes.c_char_p

@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from shim.client import AsyncTtrpcClient
+from tests.support.waiting import wait_for_async
 
 
 def test_calls_fail_once_the_server_closed_its_side(tmp_path):
@@ -25,8 +26,7 @@ def test_calls_fail_once_the_server_closed_its_side(tmp_path):
         server = await asyncio.start_unix_server(half_close, path)
         try:
             client = await AsyncTtrpcClient.connect(path)
-            while not client._task.done():
-                await asyncio.sleep(0.01)  # the client's read loop sees the EOF
+            await wait_for_async(client._task.done, 10, "the client's read loop to see the EOF", interval=0.01)
             for _ in range(2):
                 with pytest.raises(ConnectionError):
                     # The bound only turns the old behaviour (waiting forever) into a failure.

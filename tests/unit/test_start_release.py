@@ -89,3 +89,26 @@ def test_start_socket_reached_through_a_long_state_dir(tmp_path) -> None:
             os.close(listen_fd)
         except OSError:
             pass  # start_accept closed it
+
+
+def test_a_container_created_by_an_older_husk_still_starts(tmp_path) -> None:
+    """An older husk's init blocks opening exec.fifo for writing. After an upgrade, `status` must still say
+    created (not running) and `start` must release it by opening the fifo, not refuse it."""
+    cdir = tmp_path / "c1"
+    cdir.mkdir()
+    fifo = cdir / st.LEGACY_FIFO
+    os.mkfifo(fifo, 0o600)
+    # the old init: open for writing (blocks until start opens for reading), "0", close, then its program runs
+    init = subprocess.Popen(["sh", "-c", f'printf 0 > "{fifo}"; exec sleep 30'])
+    try:
+        stat = st.proc_stat(init.pid)
+        rec = st.Record(id="c1", pid=init.pid, pid_start=stat[1], bundle="/b", rootfs="/b/rootfs", created="",
+                        cgroup_path="/x", config={})
+        st.save(str(cdir), rec)
+        assert st.status(str(tmp_path), rec) == "created"
+        lifecycle.start(str(tmp_path), "c1")
+        assert not fifo.exists()
+        assert st.status(str(tmp_path), rec) == "running"
+    finally:
+        init.kill()
+        init.wait()

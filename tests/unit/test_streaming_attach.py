@@ -1,13 +1,13 @@
 """Attach over SPDY and WebSocket: live stdio of a running 'container' process, fan-out, detach."""
 from __future__ import annotations
 
-import asyncio
 import json
 
 from cri_server.streaming import AttachRequest
 from tests.streaming_support.harness import run, serving
 from tests.streaming_support.spdy_client import spdy_connect, spdy_exec
 from tests.streaming_support.ws_client import STDIN, STDOUT, encode, ws_exec, ws_open
+from tests.support.waiting import wait_for_async
 
 ECHO = ["sh", "-c", "while read l; do echo got:$l; echo err:$l >&2; done"]
 
@@ -50,8 +50,8 @@ def test_output_fans_out_to_every_attached_session():
             a = await _attach_spdy(srv.get_attach_url(AttachRequest("c2", stdin=True, stdout=True, stderr=True)))
             ws = await ws_open(srv.get_attach_url(AttachRequest("c2", stdout=True)), ["v5.channel.k8s.io"])
             assert await ws.recv() == bytes([STDOUT])  # ready
-            while len(be.attachables["c2"].sinks) < 2:
-                await asyncio.sleep(0.01)
+            await wait_for_async(lambda: len(be.attachables["c2"].sinks) == 2, 10, "both sessions to attach",
+                                 interval=0.01)
             await a[2].send(b"both\n")
             assert await a[3].read_chunk() == b"got:both\n"
             assert await ws.recv() == bytes([STDOUT]) + b"got:both\n"

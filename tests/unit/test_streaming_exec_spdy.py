@@ -10,6 +10,7 @@ import pytest
 from cri_server.streaming import ExecRequest, TerminalSize
 from tests.streaming_support.harness import run, serving
 from tests.streaming_support.spdy_client import spdy_connect, spdy_exec
+from tests.support.waiting import wait_for_async
 
 SH = "sh"
 
@@ -184,8 +185,8 @@ def test_client_disconnect_mid_stream_is_seen_by_backend():
             await client.close()  # vanish without closing stdin
             await be.disconnect_seen.wait()
             # cat saw stdin EOF and exited: nothing is left running (checked by serving()).
-            while srv.active_connections:
-                await asyncio.sleep(0.01)
+            await wait_for_async(lambda: not srv.active_connections, 10, "the server to drop the connection",
+                                 interval=0.01)
     run(main)
 
 

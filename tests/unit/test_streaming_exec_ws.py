@@ -12,6 +12,7 @@ from websockets.exceptions import InvalidStatus
 from cri_server.streaming import ExecRequest, TerminalSize
 from tests.streaming_support.harness import run, serving
 from tests.streaming_support.ws_client import RESIZE, STDIN, STDOUT, encode, ws_exec, ws_open
+from tests.support.waiting import wait_for_async
 
 
 def _exec(cmd: str, **kw: bool) -> ExecRequest:
@@ -113,8 +114,8 @@ def test_client_disconnect_is_seen_by_backend():
             assert await ws.recv() == bytes([STDOUT]) + b"x\n"
             ws.transport.abort()  # vanish without a close handshake
             await be.disconnect_seen.wait()
-            while srv.active_connections:
-                await asyncio.sleep(0.01)
+            await wait_for_async(lambda: not srv.active_connections, 10, "the server to drop the connection",
+                                 interval=0.01)
     run(main)
 
 

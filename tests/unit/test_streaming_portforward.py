@@ -14,6 +14,7 @@ from cri_server.streaming import PortForwardRequest
 from tests.streaming_support.harness import run, serving
 from tests.streaming_support.spdy_client import SpdyClient, spdy_connect
 from tests.streaming_support.ws_client import RawWsTunnel, ws_open, ws_port_forward
+from tests.support.waiting import wait_for_async
 
 
 class Target:
@@ -177,8 +178,8 @@ def test_spdy_client_disconnect_closes_target_connection():
             _, client = await spdy_connect(srv.get_port_forward_url(PortForwardRequest("s1")), ["portforward.k8s.io"])
             err, data = await _pair(client, t.port, "0")
             await data.send(b"partial")
-            while t.connections == 0:
-                await asyncio.sleep(0.01)
+            await wait_for_async(lambda: t.connections, 10, "the forwarded connection to reach the target",
+                                 interval=0.01)
             await client.close()
             await t.closed.wait()  # the target saw the forwarded connection end
     run(main)

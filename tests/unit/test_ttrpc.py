@@ -12,6 +12,8 @@ import pytest
 
 from shim import ttrpc_wire as w
 from shim.client import AsyncTtrpcClient, TaskClient, TtrpcClient, call_once
+from tests.support.waiting import wait_for
+from tests.support.waiting import wait_for_async
 from shim.loop import Loop
 from shim.pb import google, husk, rpc_status, task, ttrpc
 from shim.ttrpc_server import PENDING, Server, Service, listen_unix
@@ -147,10 +149,10 @@ def test_concurrent_inflight_deferred(server):
         # Other calls are not blocked by the pending Waits.
         for _ in range(20):
             assert c.State(id="c").pid == 42
-        deadline = time.monotonic() + 10
-        while len(results) < 5 and time.monotonic() < deadline:
+        def all_returned() -> bool:   # Kill until every Wait is parked and has its answer
             c.Kill(id="c", signal=9)
-            time.sleep(0.01)
+            return len(results) == 5
+        wait_for(all_returned, 10, lambda: f"5 Waits to return, have {results}", interval=0.01)
         for t in threads:
             t.join(10)
         assert results == [9] * 5
@@ -237,9 +239,12 @@ def test_async_client(server):
         wait = asyncio.ensure_future(c.task("Wait", id="c"))
         st = await c.task("State", id="c")
         assert st.pid == 42
-        await asyncio.sleep(0.05)
-        await c.task("Kill", id="c", signal=15)
-        assert (await asyncio.wait_for(wait, 10)).exit_status == 15
+        async def answered() -> bool:   # Kill answers the Waits parked by then: until ours is one of them
+            await c.task("Kill", id="c", signal=15)
+            await asyncio.sleep(0)
+            return wait.done()
+        await wait_for_async(answered, 10, "the pending Wait to be answered", interval=0.01)
+        assert wait.result().exit_status == 15
         with pytest.raises(w.TtrpcError):
             await c.task("Pids", id="zz")
         await c.close()
@@ -253,3 +258,57 @@ def test_status_roundtrip():
     r = husk.AttachInfoResponse(path="/p")
     assert husk.AttachInfoResponse.decode(r.encode()).path == "/p"
     assert struct.unpack(">I", w.frame(1, 1, b"")[:4]) == (0,)
+
+
+def test_call_task_once_resolves_the_method_and_its_types(server):
+    from shim.client import call_task_once, resolve
+    assert resolve("containerd.task.v2.Task", "State") == (task.StateRequest, task.StateResponse)
+    assert resolve("husk.shim.v1.Shim", "AttachInfo")[1] is husk.AttachInfoResponse
+    assert call_task_once(server, "State", timeout=5, id="c").pid == 42
+    with pytest.raises(w.TtrpcError) as e:
+        call_task_once(server, "Pids", timeout=5, id="zz")
+    assert e.value.code == w.NOT_FOUND
+
+
+def _oversize_answerer(path: str) -> threading.Thread:
+    """A server that answers its one request (stream 1) with a frame over the clients' size limit."""
+    lsock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    lsock.bind(path)
+    lsock.listen(1)
+
+    def run():
+        conn, _ = lsock.accept()
+        reader = w.FrameReader()
+        while not list(reader.frames()):
+            reader.feed(conn.recv(65536))
+        conn.sendall(w.pack_header(w.MAX_MESSAGE + 1, 1, w.TYPE_RESPONSE) + bytes(w.MAX_MESSAGE + 1))
+        conn.recv(1)            # until the client closes
+        conn.close()
+        lsock.close()
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def test_both_clients_report_an_oversize_answer_as_resource_exhausted(tmp_path):
+    t = _oversize_answerer(str(tmp_path / "a.sock"))
+    c = TtrpcClient(str(tmp_path / "a.sock"))
+    with pytest.raises(w.TtrpcError) as e:
+        c.call("containerd.task.v2.Task", "State", task.StateRequest(id="x"), task.StateResponse, timeout=10)
+    assert e.value.code == w.RESOURCE_EXHAUSTED
+    c.close()
+    t.join(10)
+
+    async def main():
+        t2 = _oversize_answerer(str(tmp_path / "b.sock"))
+        c = await AsyncTtrpcClient.connect(str(tmp_path / "b.sock"))
+        with pytest.raises(w.TtrpcError) as e:
+            await c.task("State", timeout=10, id="x")
+        assert e.value.code == w.RESOURCE_EXHAUSTED
+        assert not c.closed
+        await c.close()
+        assert c.closed
+        t2.join(10)
+
+    asyncio.run(main())

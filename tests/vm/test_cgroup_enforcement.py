@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from tests.support.waiting import wait_for
 from tests.vm.workload import Died
 
 pytestmark = [pytest.mark.vm, pytest.mark.root]
@@ -22,16 +23,6 @@ MiB = 1 << 20
 def proc_state(pid: int) -> str:
     with open(f"/proc/{pid}/stat") as f:
         return f.read().rsplit(")", 1)[1].split()[0]
-
-
-def wait_until(cond, timeout: float = 10.0) -> bool:
-    """Polls `cond` until it holds or `timeout` passes (a bound for slow emulation, not a measurement)."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 def cpu_ticks(pid: int) -> int:
@@ -62,7 +53,7 @@ def test_oom_group_kills_every_process(workload, cgroup_version) -> None:
     helper = w.call("spawn", "sleep")
     with pytest.raises(Died, match="SIGKILL"):
         w.call("alloc", 128 * MiB)
-    assert wait_until(lambda: w.manager.pids() == []), f"helper {helper} survived the group OOM kill"
+    wait_for(lambda: w.manager.pids() == [], 10, f"helper {helper} to die with the group OOM kill")
 
 
 @pytest.mark.cgroup_v1_too
@@ -156,7 +147,7 @@ def test_cpu_max_throttles(workload) -> None:
     w = workload({"cpu": {"quota": 10000, "period": 100000}})     # a tenth of one CPU
     w.call("spawn", "spin")
     m = w.manager
-    assert wait_until(lambda: m.stats().cpu.nr_throttled > 0), m.stats().cpu
+    wait_for(lambda: m.stats().cpu.nr_throttled > 0, 10, lambda: f"throttling: {m.stats().cpu}")
     st = m.stats().cpu
     assert st.nr_periods >= st.nr_throttled > 0 and st.throttled_ns > 0
 

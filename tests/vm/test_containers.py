@@ -10,10 +10,10 @@ import json
 import os
 import select
 import subprocess
-import time
 
 import pytest
 
+from tests.support.waiting import wait_for
 from tests.vm.container import HUSK, cgroup_dirs, errno_of, host_file, host_read, ns_pid, proc_state
 
 pytestmark = [pytest.mark.vm, pytest.mark.root, pytest.mark.cgroup_v1_too]
@@ -56,16 +56,6 @@ UPDATED_V2 = {"memory.max": str(64 * MiB), "pids.max": "42", "cpu.max": "20000 1
               "memory.high": str(80 * MiB), "memory.swap.max": str(32 * MiB)}
 UPDATED_V1 = {"memory/memory.limit_in_bytes": str(64 * MiB), "pids/pids.max": "42",
               "cpu/cpu.cfs_quota_us": "20000", "memory/memory.memsw.limit_in_bytes": str(128 * MiB)}
-
-
-def wait_until(cond, timeout: float = 30.0) -> bool:
-    """Polls `cond` until it holds or `timeout` passes (a bound for slow emulation, not a measurement)."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 def v2_or_v1(c, v2, v1):
@@ -193,7 +183,8 @@ def test_device_rules_defaults_and_fork_bomb(container) -> None:
     assert len(m.pids()) == 2
     c.husk("kill", "--all", c.id, "KILL")
     assert c.exit_code() == 137
-    assert wait_until(lambda: m.pids() == []), m.pids()    # the helper may be reaped a moment after the init
+    # the helper may be reaped a moment after the init
+    wait_for(lambda: m.pids() == [], 30, lambda: f"no process left, have {m.pids()}")
 
 
 def test_memory_oom_kill_counted_exit_137_and_delete(container) -> None:

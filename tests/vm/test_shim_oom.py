@@ -11,7 +11,7 @@ from shim import exitfile
 from shim.loop import Loop
 from shim.pb import events_service
 from shim.ttrpc_server import Server, Service, listen_unix
-from tests.integration.test_shim_events import FakeEvents
+from tests.integration.shim.test_shim_events import FakeEvents
 from tests.shim_fixtures import cleanup_shim, make_bundle, start_shim, wait_for
 
 pytestmark = [pytest.mark.vm, pytest.mark.root, pytest.mark.cgroup_v1_too]
@@ -39,7 +39,7 @@ def events(tmp_path):
 @pytest.mark.parametrize("runtime", ["husk", "runc"])
 def test_oom_kill_reaches_containerd(tmp_path, events, runtime, cgroup_version) -> None:
     if runtime == "runc" and cgroup_version == 1:
-        pytest.skip("runc on cgroup v1: tests/integration/test_shim_events.py")
+        pytest.skip("runc on cgroup v1: tests/integration/shim/test_shim_events.py")
     path, impl = events
     s = start_shim(str(tmp_path), runtime, ttrpc_address=path)
     try:

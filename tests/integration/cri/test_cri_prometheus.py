@@ -92,7 +92,7 @@ def test_scrape_after_a_pod_a_container_and_a_failing_rpc(metrics_cri: CriDaemon
     assert total(s, "husk_cri_rpc_errors_total", method="RunPodSandbox") == 0
     assert total(s, "husk_cri_pods", state="ready") == 1
     assert total(s, "husk_cri_containers", state="running") == 1
-    assert total(s, "husk_cri_shims") == 2                       # the sandbox's and the container's
+    assert total(s, "husk_cri_shims") == 1                       # the pod's: its sandbox's and container's
     assert total(s, "husk_cri_shims_pss_bytes") > 0
     assert total(s, "husk_cri_image_pulls_total", result="success") == 2     # busybox, then the pause image
     assert total(s, "husk_cri_image_pull_duration_seconds_count") == 2

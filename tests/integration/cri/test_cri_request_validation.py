@@ -66,7 +66,7 @@ def _hostile_pods(cri) -> list[tuple[pb.PodSandboxConfig, str, str]]:
     case("config.log_directory", "NUL", log_directory="/var/log/pods/x\0y")
     case("config.dns_config.searches[0]", "NUL", dns_config__searches=["svc\0.local"])
     case("config.labels['app']", "NUL", labels={"app": "w\0"})
-    case("config.annotations", "at most 262144", annotations={f"k{i}": "v" * 1024 for i in range(300)})
+    case("config.annotations", "at most 278528", annotations={f"k{i}": "v" * 1024 for i in range(300)})
     case("config.linux.sysctls['net.ipv4.ip_forward']", "NUL", linux__sysctls={"net.ipv4.ip_forward": "1\0"})
     case("config.linux.cgroup_parent", "NUL", linux__cgroup_parent="/hct\0")
     return cases
@@ -99,7 +99,7 @@ def test_hostile_create_container_and_exec_create_nothing(cri):
     create("config.envs[0].key", "NUL", lambda c: c.envs.add(key="A\0", value=b"1"))
     create("config.working_dir", "characters, at most 4096", lambda c: setattr(c, "working_dir", "/" + "w" * 5000))
     create("config.mounts[0].host_path", "NUL", lambda c: c.mounts.add(container_path="/m", host_path="/tmp\0"))
-    create("config.annotations", "at most 262144", lambda c: c.annotations.update(big="x" * (10 << 20)))
+    create("config.annotations", "at most 278528", lambda c: c.annotations.update(big="x" * (10 << 20)))
     create("config.metadata.name", "NUL", lambda c: setattr(c.metadata, "name", "bad\0"))
 
     for cmd, field in (([], "cmd"), ([""], "cmd[0]"), (["ls", "a\0b"], "cmd[1]")):
@@ -117,6 +117,6 @@ def test_huge_annotations_are_refused_and_listing_keeps_working(cri):
     for _ in range(2):
         big = pod_config(cri)
         big.annotations["huge"] = "x" * (10 << 20)
-        _refused(cri, rt.RunPodSandbox, pb.RunPodSandboxRequest(config=big), "config.annotations", "at most 262144")
+        _refused(cri, rt.RunPodSandbox, pb.RunPodSandboxRequest(config=big), "config.annotations", "at most 278528")
     listed = rt.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=30).items
     assert [p.id for p in listed] == [ok_id] and len(listed[0].annotations) == 201

@@ -60,7 +60,7 @@ def test_shims_are_forked_from_the_spawner(cri):
     zygote_auxv = _auxv(zygotes[0])
     assert zygote_auxv != _auxv(cri.proc.pid)               # the zygote is a fresh exec, not a fork of husk-cri
     shims = cri.shim_pids()
-    assert len(shims) == 2                                  # the pause container's and the container's
+    assert len(shims) == 1                                  # the pod's: the pause container's serves the container
     for pid in shims:
         comm, ppid = _stat(pid)
         assert comm == "husk-shim"

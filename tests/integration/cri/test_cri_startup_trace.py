@@ -22,8 +22,7 @@ pytestmark = [pytest.mark.root]
 
 SANDBOX_STEPS = ("reserve_name", "record", "pod_files", "image", "netns", "cni", "cni.add.bridge",
                  "cni.add.portmap", "rootfs", "spec", "shim_spawn", "runtime_create", "runtime_start")
-CONTAINER_STEPS = ("image", "reserve_name", "record", "rootfs", "spec", "shim_spawn", "runtime_create",
-                   "runtime_start")
+CONTAINER_STEPS = ("image", "reserve_name", "record", "rootfs", "spec", "runtime_create", "runtime_start")
 RUNTIME_STAGES = ("runtime.cgroups", "runtime.cgroup_apply", "runtime.namespaces", "runtime.rootfs",
                   "runtime.pivot_root")
 

@@ -27,6 +27,7 @@ from cri_server.images.service import ImageService
 from tests.support.imagetest import certs_for, run
 from tests.support.netguard import ExternalLookup
 from tests.support.registry import PASSWORD, REFRESH_TOKEN, USER, LocalRegistry
+from tests.support.waiting import wait_for_async
 
 pytestmark = pytest.mark.root
 
@@ -388,7 +389,9 @@ def test_pull_deadline_leaves_nothing_half_done(tmp_path, certs_dir, registry):
             with pytest.raises(asyncio.TimeoutError):
                 await asyncio.wait_for(svc.pull("docker.io/husk-test/layered:v1"), 0.001)
             assert svc.list() == []
-            await asyncio.sleep(0.2)
+            # the cancelled download unwinds in its own task: let it finish before pulling again
+            await wait_for_async(lambda: asyncio.all_tasks() == {asyncio.current_task()}, 30,
+                                 lambda: f"the cancelled pull to finish: {asyncio.all_tasks()}")
             rec = await svc.pull("docker.io/husk-test/layered:v1")
             assert svc.get(rec.id) is not None
             assert all(x.state == "ready" for x in svc.db.layers())

@@ -80,6 +80,9 @@ def test_discard_partial_spares_a_download_in_flight(tmp_path):
     finally:
         os.close(fd)
     assert cs.discard_partial(DIGEST) == 100 and not os.path.exists(partial)
+    # its .lock stays for gc (clean_ingest, under the exclusive lock): unlinking a lock another process may be
+    # about to flock would let two writers hold locks on different inodes
+    assert os.path.exists(partial[:-len('.partial')] + '.lock')
 
 
 def test_sqlite_full_is_no_space(tmp_path):

@@ -1,0 +1,114 @@
+"""The spawner's preparation before its first fork (shim/spawner.py): the dry run of a shim in the zygote
+(`_warm_up`) and the filling of pymalloc's free blocks (`_fill_pool_holes`). No root needed."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# In a fresh process: the warm-up changes (and must put back) process-wide state. Prints what it left.
+HARNESS = r"""
+import json, os, signal, sys, threading
+sys.path.insert(0, sys.argv[1])
+signal.signal(signal.SIGINT, signal.SIG_IGN)       # as _zygote_main sets it
+from shim import log as shim_log, spawner
+fds = sorted(os.listdir("/proc/self/fd"))
+ok = spawner._warm_up()
+children = []
+for p in os.listdir("/proc"):
+    if p.isdigit():
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                if int(f.read().rpartition(")")[2].split()[1]) == os.getpid():
+                    children.append(int(p))
+        except (OSError, ValueError):
+            pass
+with open("/proc/self/status") as f:
+    status = dict(line.split(":", 1) for line in f if ":" in line)
+print(json.dumps({
+    "ok": ok, "fds_before": fds, "fds_after": sorted(os.listdir("/proc/self/fd")), "children": children,
+    "threads": threading.active_count(), "tasks": len(os.listdir("/proc/self/task")),
+    "sigchld": int(signal.getsignal(signal.SIGCHLD)), "sigterm": int(signal.getsignal(signal.SIGTERM)),
+    "sigint": int(signal.getsignal(signal.SIGINT)), "sigalrm": int(signal.getsignal(signal.SIGALRM)),
+    "wakeup_fd": signal.set_wakeup_fd(-1), "comm": open("/proc/self/comm").read().strip(),
+    "log_prefix": shim_log._state["prefix"], "tmp": os.listdir(os.environ["TMPDIR"]),
+}))
+"""
+
+
+def _run(tmp_path):
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    p = subprocess.run([sys.executable, "-c", HARNESS, TOP], capture_output=True, text=True, timeout=60, env=env)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout), p.stderr
+
+
+def test_warm_up_runs_a_shim_through_its_calls_and_leaves_nothing_behind(tmp_path):
+    out, err = _run(tmp_path)
+    assert out["ok"] is True, err          # every call of the dry run answered (the client exited 0)
+    assert err == "", err                  # the dry run's log lines are not husk-cri's
+    assert out["tmp"] == []                # its directory, socket, CRI log, stand-in runtime: removed
+    assert out["fds_after"] == out["fds_before"]
+    assert out["children"] == []           # the client and the stand-in containers reaped
+    assert out["threads"] == 1 and out["tasks"] == 1
+    assert (out["sigchld"], out["sigterm"], out["sigint"], out["sigalrm"]) == (0, 0, 1, 0)  # DFL, DFL, IGN, DFL
+    assert out["wakeup_fd"] == -1
+    assert out["comm"] == "husk-cri-spawne"
+    assert out["log_prefix"] == "husk-shim"
+
+
+def test_warm_up_failure_is_one_warning_and_leaves_nothing_behind(tmp_path):
+    """A dry run that cannot run (here its directory cannot be made: TMPDIR is a file) is skipped with one
+    line on stderr; the zygote goes on as before."""
+    bad = tmp_path / "not-a-dir"
+    bad.write_text("")
+    code = HARNESS.replace('os.listdir(os.environ["TMPDIR"])', "[]")
+    p = subprocess.run([sys.executable, "-c", code, TOP], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "TMPDIR": str(bad)})
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert out["ok"] is False
+    lines = [x for x in p.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and "warm-up skipped" in lines[0], p.stderr
+    assert out["children"] == [] and out["fds_after"] == out["fds_before"] and out["threads"] == 1
+    assert (out["sigchld"], out["sigterm"], out["sigint"]) == (0, 0, 1)
+
+
+def test_filler_blocks_have_the_size_of_their_class():
+    from shim.spawner import _block
+    for size in range(16, 513, 16):
+        got = sys.getsizeof(_block(size, 7))
+        assert size - 16 < got <= size, (size, got)
+
+
+def test_fill_pool_holes_takes_the_free_blocks():
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from shim import spawner;"
+            "before = spawner._pool_free_blocks(); keep = spawner._fill_pool_holes();"
+            "after = spawner._pool_free_blocks();"
+            "print(sum(before.values()), len(keep), sum(after.values()))")
+    p = subprocess.run([sys.executable, "-I", "-S", "-c", code, TOP], capture_output=True, text=True, timeout=60,
+                       env={k: v for k, v in os.environ.items() if k != "PYTHONMALLOC"})
+    assert p.returncode == 0, p.stderr
+    before, taken, after = map(int, p.stdout.split())
+    assert before > 0                       # the stats were read (pymalloc's table parsed)
+    assert taken >= before
+    assert after < before
+
+
+def test_warm_up_with_a_failing_runtime_is_one_warning_and_leaves_nothing_behind(tmp_path):
+    """The stand-in runtime cannot run (a missing interpreter): Create fails, the client ends serve() and the
+    zygote says why in one line, instead of waiting for the dry run's alarm."""
+    code = HARNESS.replace("ok = spawner._warm_up()",
+                           "spawner._WARM_RUNTIME = '#!/nonexistent/sh\\n'\nok = spawner._warm_up()")
+    p = subprocess.run([sys.executable, "-c", code, TOP], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert out["ok"] is False
+    lines = [x for x in p.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and "warm-up incomplete" in lines[0] and "no Shutdown" not in lines[0], p.stderr
+    assert out["tmp"] == [] and out["children"] == [] and out["fds_after"] == out["fds_before"]
+    assert out["threads"] == 1 and (out["sigchld"], out["sigterm"], out["sigint"]) == (0, 0, 1)
