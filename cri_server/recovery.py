@@ -237,10 +237,13 @@ async def _reconcile_all(svc: Services) -> None:
                     tx.put_container(new)
                 else:
                     tx.put_sandbox(new)
-    for oid, address, runtime, shim_pid in ended:
+    for i, (oid, address, runtime, shim_pid) in enumerate(ended):
         # Deletes the stopped task and ends its shim; a gone shim's container may still run: the runtime
-        # force-deletes (kills) it, so nothing runs unaccounted for.
-        await discard_task(svc, oid, address, runtime, shim_pid)
+        # force-deletes (kills) it, so nothing runs unaccounted for. The records of a pod's ended tasks were all
+        # cleared above: the pod's shim stays for its later tasks here (it refuses to end while it serves
+        # one, and waiting for it to go cost 5 s per task) and ends with the last.
+        later = any(a == address for _, a, _, _ in ended[i + 1:])
+        await discard_task(svc, oid, address, runtime, shim_pid, shared=later or None)
 
 
 async def _discard_by_socket(svc: Services, object_id: str, runtime: str, pod_shim: str = "") -> None:

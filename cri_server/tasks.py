@@ -249,8 +249,10 @@ async def force_delete(svc: "Services", object_id: str, runtime: str) -> None:
         log.warning("force delete failed", extra={"id": object_id, "error": err.decode(errors="replace")[-300:]})
 
 
-async def discard_task(svc: "Services", object_id: str, address: str, runtime: str, shim_pid: int = 0) -> None:
-    """Undo of a half-made task: kill it, delete it, end its shim, and let the runtime forget it."""
+async def discard_task(svc: "Services", object_id: str, address: str, runtime: str, shim_pid: int = 0,
+                       shared: bool | None = None) -> None:
+    """Undo of a half-made task: kill it, delete it, end its shim (unless another record uses it, or `shared`
+    says another task of the caller's still will), and let the runtime forget it."""
     from shim import ttrpc_wire as w
     shims = svc.need_shims()
     if address:
@@ -269,5 +271,6 @@ async def discard_task(svc: "Services", object_id: str, address: str, runtime: s
                         await shims.call(object_id, address, "Delete", timeout=30.0, id=object_id)
                     except (ShimGone, w.TtrpcError):
                         pass
-    await shims.shutdown(object_id, address, shim_pid, shared=shim_shared(svc.store, address, object_id))
+    await shims.shutdown(object_id, address, shim_pid,
+                         shared=bool(shared) or shim_shared(svc.store, address, object_id))
     await force_delete(svc, object_id, runtime)

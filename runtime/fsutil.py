@@ -5,10 +5,11 @@ directory, which is renamed over the target. With `durable` (the default) the fi
 rename and the directory after it, so a power loss keeps one of the two; callers whose files live on tmpfs
 (/run) or may be rebuilt pass durable=False on purpose, for speed. sync_dir=False keeps the file's fsync (after
 a power loss the file is whole, old or new) but not the directory's (~1.6 ms more on ext4 here): for files whose
-rename may be lost with the boot. Imports only os (and itertools, built in).
+rename may be lost with the boot. Imports only os (and errno, itertools: built in).
 """
 from __future__ import annotations
 
+import errno
 import itertools
 import os
 
@@ -22,12 +23,20 @@ def atomic_write(path: str, data: "bytes | str", *, mode: int = 0o644, durable: 
     if isinstance(data, str):
         data = data.encode()
     head, base = os.path.split(path)
-    tmp = os.path.join(head, f".{base}.tmp-{os.getpid()}-{next(_seq)}")
-    try:
-        # pid + sequence: unique among live writers; O_TRUNC: a name left by a dead process of the same pid
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
-    except OSError as e:
-        raise OSError(e.errno, f"write {path}: create {tmp}: {e.strerror}", path) from None
+    # pid + sequence: unique among live writers. O_EXCL: never an existing file (a name left by a dead process
+    # of the same pid, or a hard link planted in a directory others may write: truncating it would write
+    # through the link); such a name is skipped for the next sequence number.
+    for _ in range(64):
+        tmp = os.path.join(head, f".{base}.tmp-{os.getpid()}-{next(_seq)}")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+            break
+        except FileExistsError:
+            continue
+        except OSError as e:
+            raise OSError(e.errno, f"write {path}: create {tmp}: {e.strerror}", path) from None
+    else:
+        raise OSError(errno.EEXIST, f"write {path}: no free temporary name next to it", path)
     try:
         try:
             os.fchmod(fd, mode)

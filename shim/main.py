@@ -124,16 +124,27 @@ def containerd_start(flags: dict[str, str]) -> int:
     # Save the runtime choice for `delete`, which must find the same runtime and root after a crash.
     with open(os.path.join(bundle, "runtime.json"), "w") as f:
         json.dump({"runtime": cfg.runtime, "runtime_root": os.path.join(cfg.runtime_root, cfg.namespace)}, f)
-    if os.path.exists(cfg.address):
-        if _can_connect(cfg.address):
-            # the group's shim runs (or a second start of the same id): it serves this container too
-            _write_atomic(os.path.join(bundle, "address"), f"unix://{cfg.address}")
-            sys.stdout.write(f"unix://{cfg.address}")
-            return 0
-        os.unlink(cfg.address)      # left by a shim that died
+    def join() -> int:
+        # the group's shim runs (or a second start of the same id): it serves this container too
+        _write_atomic(os.path.join(bundle, "address"), f"unix://{cfg.address}")
+        sys.stdout.write(f"unix://{cfg.address}")
+        return 0
+
     os.makedirs(os.path.dirname(cfg.address), mode=0o711, exist_ok=True)
     from shim.ttrpc_server import listen_unix
-    listener = listen_unix(cfg.address)
+    # Two starts of one group at once (a pod's containers created together): without the lock both found no
+    # socket, and the second's listen replaced the first's socket, leaving two shims for one group.
+    import fcntl
+    lock = os.open(cfg.address + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if os.path.exists(cfg.address):
+            if _can_connect(cfg.address):
+                return join()
+            os.unlink(cfg.address)      # left by a shim that died
+        listener = listen_unix(cfg.address)
+    finally:
+        os.close(lock)                  # the socket listens now: a later start connects to it
     log_fd = _open_shim_log(bundle)
     os.set_blocking(log_fd, True)
     try:

@@ -304,14 +304,16 @@ def _warm_up() -> bool:
     from shim.daemon import serve, setup_logging
     from runtime.linux.proctitle import set_title
     from shim.ttrpc_server import listen_unix
-    d = os.path.join(os.environ.get("TMPDIR") or "/tmp", f"husk-spawner-warm-{os.getpid()}")
+    import tempfile
     fds = set(os.listdir("/proc/self/fd"))
     saved_err = os.dup(2)
     client = 0
     ok = False
+    d = ""
     try:
-        _remove_tree(d)
-        os.mkdir(d, 0o700)
+        # A fresh directory of our own (random name, made 0700 by mkdir: nothing planted there beforehand can be
+        # followed, scanned or removed). On a noexec TMPDIR the stand-in runtime cannot run: skipped, logged.
+        d = tempfile.mkdtemp(prefix="husk-spawner-warm-")
         for sub in ("bundle", "state", "root"):
             os.mkdir(os.path.join(d, sub), 0o700)
         with open(os.path.join(d, "bundle", "config.json"), "w") as f:
@@ -363,6 +365,18 @@ def _warm_up() -> bool:
     finally:
         os.dup2(saved_err, 2)
         os.close(saved_err)
+        # The client and the stand-in runtime's processes end first, while serve()'s handlers are still in place:
+        # a failing client signals us (SIGTERM), which must not meet the default action (it would end the zygote).
+        root = os.path.join(d, "root") if d else ""
+        for name in (os.listdir(root) if root and os.path.isdir(root) else ()):
+            _kill_pid_file(os.path.join(root, name))      # after a failure: the stand-in containers
+        if client > 0 and not ok:
+            _kill_pid(client)
+        while True:          # serve() may have reaped some
+            try:
+                os.waitpid(-1, 0)
+            except ChildProcessError:
+                break
         # what serve() set in this process goes back to the zygote's settings
         signal.set_wakeup_fd(-1)
         for sig, how in ((signal.SIGCHLD, signal.SIG_DFL), (signal.SIGTERM, signal.SIG_DFL),
@@ -371,16 +385,7 @@ def _warm_up() -> bool:
         sc.set_child_subreaper(False)
         set_title(SPAWNER_NAME)
         shim_log._state.update(level=shim_log.INFO, prefix="husk-shim")
-        for name in (os.listdir(os.path.join(d, "root")) if os.path.isdir(os.path.join(d, "root")) else ()):
-            _kill_pid_file(os.path.join(d, "root", name))      # after a failure: the stand-in containers
-        if client > 0 and not ok:
-            _kill_pid(client)
-        while True:          # the client and the stand-in runtime's processes (serve() may have reaped some)
-            try:
-                os.waitpid(-1, 0)
-            except ChildProcessError:
-                break
-        if ok and not os.path.exists(os.path.join(d, "client.ok")):
+        if ok and not (d and os.path.exists(os.path.join(d, "client.ok"))):
             try:
                 with open(os.path.join(d, "client.err")) as f:
                     why = f.read()
@@ -393,10 +398,11 @@ def _warm_up() -> bool:
                 os.close(int(fd))
             except OSError:
                 pass
-        try:
-            _remove_tree(d)
-        except OSError as err:
-            log.warning("spawner: warm-up: removing %s: %s", d, err)
+        if d:
+            try:
+                _remove_tree(d)
+            except OSError as err:
+                log.warning("spawner: warm-up: removing %s: %s", d, err)
     return ok
 
 

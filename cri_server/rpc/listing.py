@@ -8,7 +8,9 @@ item is encoded again exactly when its record changed. A response is the concate
 decoded in C. Items of removed records are dropped at the next response.
 
 Also the room a List response has: an unfiltered List must fit in one gRPC message (kubelet's and husk-cri's
-limit, 16 MiB), so a new object whose item would take the sum of all items past LIST_BUDGET is refused.
+limit, 16 MiB). ListPodSandboxStats carries every pod's labels and annotations and, inside each, its
+containers': so pods and containers share one budget, and a new object whose item would take the sum of all
+pod and container items past LIST_BUDGET is refused.
 """
 from __future__ import annotations
 
@@ -54,15 +56,20 @@ class EncodedItems:
         """The encoded size of one list item (a pb message of the response's repeated field)."""
         return self.response_type(**{self.field: [item]}).ByteSize()
 
-    def check_room(self, records: Iterable[Any], item: Any, what: str) -> None:
-        """ResourceExhausted when listing `records` and `item` would take more than LIST_BUDGET bytes."""
+    def used(self, records: Iterable[Any]) -> int:
+        """The encoded size of listing `records`."""
+        return sum(len(self.encoded(r)) for r in records)
+
+    def check_room(self, records: Iterable[Any], item: Any, what: str, besides: int = 0) -> None:
+        """ResourceExhausted when listing `records` and `item`, plus `besides` bytes the same List*Stats
+        response also carries (the other kind's items), would take more than LIST_BUDGET bytes."""
         size = self.item_size(item)
-        used = sum(len(self.encoded(r)) for r in records)
+        used = self.used(records) + besides
         if used + size > LIST_BUDGET:
             raise ResourceExhausted(
-                f"{what}: its labels and annotations ({size} bytes listed) would take the list of all "
-                f"{self.field} to {used + size} bytes, past {LIST_BUDGET} (a List response must stay under "
-                f"the {MESSAGE_LIMIT >> 20} MiB gRPC message limit)")
+                f"{what}: its labels and annotations ({size} bytes listed) would take the list of all pods "
+                f"and containers (ListPodSandboxStats) to {used + size} bytes, past {LIST_BUDGET} (a List "
+                f"response must stay under the {MESSAGE_LIMIT >> 20} MiB gRPC message limit)")
 
     def __len__(self) -> int:
         return len(self._cache)
@@ -75,7 +82,9 @@ def check_sandbox_room(svc: Any, req: Any) -> None:
     c = req.config
     item = pb.PodSandbox(id="0" * 64, metadata=c.metadata, state=pb.SANDBOX_READY, created_at=1 << 62,
                          labels=c.labels, annotations=c.annotations, runtime_handler=req.runtime_handler)
-    sandbox_status.list_items.check_room(svc.store.list_sandboxes(), item, "config")
+    from cri_server.rpc import container_status
+    besides = container_status.list_items.used(svc.store.list_containers())
+    sandbox_status.list_items.check_room(svc.store.list_sandboxes(), item, "config", besides)
 
 
 def check_container_room(svc: Any, req: Any) -> None:
@@ -87,4 +96,6 @@ def check_container_room(svc: Any, req: Any) -> None:
     item = pb.Container(id="0" * 64, pod_sandbox_id="0" * 64, metadata=c.metadata,
                         image=pb.ImageSpec(image=c.image.image), image_ref=digest, image_id=digest,
                         state=pb.CONTAINER_CREATED, created_at=1 << 62, labels=c.labels, annotations=c.annotations)
-    container_status.list_items.check_room(svc.store.list_containers(), item, "config")
+    from cri_server.rpc import sandbox_status
+    besides = sandbox_status.list_items.used(svc.store.list_sandboxes())
+    container_status.list_items.check_room(svc.store.list_containers(), item, "config", besides)

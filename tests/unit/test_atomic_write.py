@@ -69,3 +69,19 @@ def test_temporary_names_differ_within_one_process(tmp_path: Path, monkeypatch: 
     for _ in range(3):
         fsutil.atomic_write(str(tmp_path / "f"), "x", durable=False)
     assert len(set(names)) == 3 and all(os.path.dirname(n) == str(tmp_path) for n in names)
+
+
+def test_a_planted_link_at_the_temporary_name_is_not_written_through(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The temporary name is guessable (pid + sequence): a hard link planted there was truncated and written
+    (O_TRUNC), i.e. the linked file got the data. Now an existing name is skipped."""
+    import itertools
+    import os
+    from runtime import fsutil
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    monkeypatch.setattr(fsutil, "_seq", itertools.count(7))
+    os.link(victim, tmp_path / f".target.tmp-{os.getpid()}-7")
+    fsutil.atomic_write(str(tmp_path / "target"), b"new")
+    assert victim.read_text() == "keep"
+    assert (tmp_path / "target").read_bytes() == b"new"

@@ -218,3 +218,58 @@ def test_start_of_a_running_task_records_it_and_refuses_without_killing(tmp_path
     with pytest.raises(FailedPrecondition, match="running"):
         asyncio.run(start_container(svc, pb.StartContainerRequest(container_id="c1")))  # type: ignore[arg-type]
     assert shims.calls == ["Start", "State"]
+
+
+# --- ending what stopped while husk-cri was away ------------------------------------------------------------
+class _StoppedShims:
+    """Every task reports stopped (exit 0)."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+
+    async def call(self, object_id: str, address: str, method: str, timeout: float | None = 60.0, **kw: Any) -> Any:
+        from shim.pb import google, task as taskpb
+        assert method == "State"
+        return taskpb.StateResponse(id=object_id, pid=41, status=3, exit_status=0,
+                                    exited_at=google.Timestamp(seconds=5))
+
+    def exit_record(self, object_id: str, exec_id: str = "") -> None:
+        return None
+
+    def root_for(self, runtime: str) -> str:
+        return self.root
+
+
+def test_a_pods_ended_tasks_keep_its_shim_until_the_last(tmp_path, monkeypatch):
+    """A pod whose sandbox and containers all stopped while husk-cri was down: each task was discarded with
+    shared=False (the records had all been cleared), so the shim was asked to end while it still served the
+    others, refused, and husk-cri waited 5 s for it per task before serving."""
+    from cri_server.store.store import Store
+    store = Store(str(tmp_path / "meta.db"))
+    pod_shim = "unix:///x/s.sock"
+    store.put_sandbox(dataclasses.replace(_sandbox(), shim_address=pod_shim))
+    for cid in ("c1", "c2"):
+        store.put_container(dataclasses.replace(_container(ContainerState.RUNNING), id=cid, name=f"n{cid}",
+                                                shim_address=pod_shim))
+    calls = []
+
+    async def discard(svc: Any, oid: str, address: str, runtime: str, shim_pid: int = 0,
+                      shared: bool | None = None) -> None:
+        from cri_server.tasks import shim_shared
+        calls.append((oid, address, bool(shared) or shim_shared(svc.store, address, oid)))
+
+    monkeypatch.setattr(rc, "discard_task", discard)
+
+    class Svc:
+        def __init__(self) -> None:
+            self.store = store
+            self.shims = _StoppedShims(str(tmp_path))
+
+        def need_shims(self) -> _StoppedShims:
+            return self.shims
+    try:
+        asyncio.run(rc._reconcile_all(Svc()))  # type: ignore[arg-type]
+    finally:
+        store.close()
+    assert sorted(oid for oid, _, _ in calls) == ["c1", "c2", "s1"]
+    assert [shared for _, _, shared in calls] == [True, True, False]   # the shim ends with the last task only

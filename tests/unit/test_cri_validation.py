@@ -260,6 +260,23 @@ def test_a_container_that_would_overflow_the_list_is_refused(svc):
     listing.check_container_room(svc, create(container()))
 
 
+def test_pods_and_containers_share_one_budget_for_list_pod_sandbox_stats(svc):
+    """ListPodSandboxStats carries each pod's and each of its containers' labels and annotations: half the
+    budget in pods and half in containers was accepted, and that response went past 16 MiB."""
+    big = {f"k{i}": "v" * 1000 for i in range(250)}
+    half = listing.LIST_BUDGET // (250 * 1006) // 2 + 1
+    for i in range(half):
+        svc.store.put_sandbox(_sandbox(i, annotations=big))
+        svc.store.put_container(ContainerRecord(id=f"{i:064x}", sandbox_id=f"{i:064x}", name=f"c{i}",
+                                                container_name="c", attempt=0, state=ContainerState.RUNNING,
+                                                created_at=1, image="busybox", image_ref="sha256:a",
+                                                image_id="sha256:a", annotations=big))
+    with pytest.raises(ResourceExhausted, match="ListPodSandboxStats"):
+        listing.check_sandbox_room(svc, run(pod(annotations=big)))
+    with pytest.raises(ResourceExhausted, match="ListPodSandboxStats"):
+        listing.check_container_room(svc, create(container(annotations=big)))
+
+
 def test_removed_records_leave_the_listing_cache_at_once(svc):
     """Two pods with big annotations, then removed: their encodings must not stay in memory (the cache was
     pruned only past 64 entries, so a node with few pods kept them for good)."""

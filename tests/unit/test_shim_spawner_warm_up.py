@@ -60,14 +60,20 @@ def test_warm_up_runs_a_shim_through_its_calls_and_leaves_nothing_behind(tmp_pat
     assert out["log_prefix"] == "husk-shim"
 
 
+NO_DIR = """
+import tempfile
+def _no_dir(*a, **k):
+    raise OSError(28, "No space left on device")
+tempfile.mkdtemp = _no_dir
+"""
+
+
 def test_warm_up_failure_is_one_warning_and_leaves_nothing_behind(tmp_path):
-    """A dry run that cannot run (here its directory cannot be made: TMPDIR is a file) is skipped with one
-    line on stderr; the zygote goes on as before."""
-    bad = tmp_path / "not-a-dir"
-    bad.write_text("")
-    code = HARNESS.replace('os.listdir(os.environ["TMPDIR"])', "[]")
+    """A dry run that cannot run (here its directory cannot be made) is skipped with one line on stderr; the
+    zygote goes on as before."""
+    code = HARNESS.replace("ok = spawner._warm_up()", NO_DIR + "ok = spawner._warm_up()")
     p = subprocess.run([sys.executable, "-c", code, TOP], capture_output=True, text=True, timeout=60,
-                       env={**os.environ, "TMPDIR": str(bad)})
+                       env={**os.environ, "TMPDIR": str(tmp_path)})
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)
     assert out["ok"] is False
@@ -75,6 +81,40 @@ def test_warm_up_failure_is_one_warning_and_leaves_nothing_behind(tmp_path):
     assert len(lines) == 1 and "warm-up skipped" in lines[0], p.stderr
     assert out["children"] == [] and out["fds_after"] == out["fds_before"] and out["threads"] == 1
     assert (out["sigchld"], out["sigterm"], out["sigint"]) == (0, 0, 1)
+
+
+def test_a_failing_client_does_not_end_the_zygote(tmp_path):
+    """The dry run's client signals the zygote (SIGTERM) when a call fails; the zygote put SIGTERM back to its
+    default action before ending the client, so a late signal killed the zygote. Here the stand-in runtime
+    cannot run (as on a noexec TMPDIR): the zygote must survive, warn once and leave nothing."""
+    code = HARNESS.replace("ok = spawner._warm_up()",
+                           'spawner._WARM_RUNTIME = "#!/nonexistent/interpreter\\n"\nok = spawner._warm_up()')
+    p = subprocess.run([sys.executable, "-c", code, TOP], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert p.returncode == 0, p.stderr            # -15 (SIGTERM) when the zygote died
+    out = json.loads(p.stdout)
+    assert out["ok"] is False and "warm-up" in p.stderr
+    assert out["tmp"] == [] and out["children"] == [] and out["fds_after"] == out["fds_before"]
+
+
+def test_a_planted_directory_in_tmpdir_is_left_alone(tmp_path):
+    """The dry run's directory had a guessable name (husk-spawner-warm-<pid>) that was emptied first: a
+    symlink planted there made root delete another directory's contents. Now it is a fresh mkdtemp."""
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "keep").write_text("x")
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    # the next pids: the harness's own is one of them on a quiet machine
+    base = os.getpid()
+    for pid in range(base, base + 200):
+        os.symlink(victim, tmpdir / f"husk-spawner-warm-{pid}")
+    code = HARNESS.replace('os.listdir(os.environ["TMPDIR"])', "[]")
+    p = subprocess.run([sys.executable, "-c", code, TOP], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "TMPDIR": str(tmpdir)})
+    assert p.returncode == 0, p.stderr
+    assert (victim / "keep").exists()
+    assert len(os.listdir(tmpdir)) == 200        # the planted links untouched, nothing of ours left
 
 
 def test_filler_blocks_have_the_size_of_their_class():

@@ -188,6 +188,57 @@ def test_containerd_start_joins_the_sandbox_shim(tmp_path, monkeypatch):
             _force_delete(runtime, os.path.join(root, "hgrp"), cid)
 
 
+def test_concurrent_containerd_starts_of_one_group_make_one_shim(tmp_path):
+    """Starts of a pod's containers at once: both found no socket, the second's listen replaced the first's
+    socket, and the group got two shims (one unreachable). Now the check and the bind are under a lock."""
+    from concurrent.futures import ThreadPoolExecutor
+    from shim.client import TaskClient
+    sb = unique("hgrp-sb")
+    ids = [unique(f"hgrp-c{i}") for i in range(4)]
+    bundles = {}
+    for cid in ids:
+        bundle = make_bundle(str(tmp_path), cid, ["sleep", "1000"])
+        with open(os.path.join(bundle, "config.json")) as f:
+            spec = json.load(f)
+        spec["annotations"] = {"io.kubernetes.cri.sandbox-id": sb}
+        with open(os.path.join(bundle, "config.json"), "w") as f:
+            json.dump(spec, f)
+        bundles[cid] = bundle
+    env = {**os.environ, "HUSK_SHIM_SOCKET_DIR": str(tmp_path / "s"), "HUSK_SHIM_RUNTIME": lifecycle_runtimes()[0],
+           "HUSK_SHIM_RUNTIME_ROOT": str(tmp_path / "runtime-root"), "TTRPC_ADDRESS": ""}
+    exe = os.path.join(os.path.dirname(sys.executable), "containerd-shim-husk-v2")
+    argv = [exe, "-namespace", "hgrp", "-address", str(tmp_path / "containerd.sock"), "-publish-binary", "/bin/true"]
+
+    def start(cid: str) -> str:
+        return subprocess.run([*argv, "-id", cid, "start"], cwd=bundles[cid], env=env, capture_output=True,
+                              text=True, timeout=60, check=True).stdout.strip()
+    with ThreadPoolExecutor(len(ids)) as pool:
+        addresses = list(pool.map(start, ids))
+    pids = set()
+    try:
+        assert len(set(addresses)) == 1, addresses
+        with TaskClient(addresses[0][len("unix://"):]) as cl:
+            pids = {cl.Connect(id=cid).shim_pid for cid in ids}
+        assert len(pids) == 1 and len(_shims(ids)) == 1, (pids, _shims(ids))
+    finally:
+        for p in _shims(ids):
+            os.kill(p, signal.SIGKILL)
+
+
+def _shims(ids: list[str]) -> list[int]:
+    """The shims titled after one of `ids` (a shim started by containerd is named after its first container)."""
+    titles = {f"husk-shim {cid}" for cid in ids}
+    return [int(p) for p in os.listdir("/proc") if p.isdigit() and _cmdline(int(p)).strip() in titles]
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
 # --- through husk-cri -----------------------------------------------------------------------------------------
 
 def _sandbox_info(rt, pod_id: str) -> dict:
