@@ -18,8 +18,8 @@ import time
 from cri_server import fsutil, podfiles, trace
 from cri_server.api.v1 import api_pb2 as pb
 from cri_server.context import Services
-from cri_server.errors import CriError, FailedPrecondition, Internal, InvalidArgument, NotFound, image_failure
-from cri_server.images.errors import ImageError
+from cri_server.errors import CriError, FailedPrecondition, Internal, InvalidArgument, NotFound
+from cri_server.rpc.bundle import prepare_rootfs
 from cri_server.rpc import events, listing
 from cri_server.rpc.sandbox_run import _oci_config, new_id
 from cri_server.spec.builder import container_spec
@@ -150,16 +150,8 @@ async def _create(svc: Services, req: pb.CreateContainerRequest, sb: SandboxReco
         os.makedirs(os.path.dirname(log_path), mode=0o755, exist_ok=True)
 
     with tr.step("rootfs"):
-        os.makedirs(os.path.join(bundle, "rootfs"), mode=0o711, exist_ok=True)
-        undo.push("remove the bundle", fsutil.remove_tree, bundle)
-        rootfs = os.path.join(bundle, "rootfs")
-        try:
-            await images.prepare_rootfs(image.id, cid)  # type: ignore[attr-defined]
-        except ImageError as e:
-            raise image_failure(f"container rootfs from {config.image.image}: {e}", e) from None
-        undo.push("remove the rootfs snapshot", images.remove_snapshot, cid)
-        images.mount(cid, rootfs)
-        undo.push("unmount the rootfs", fsutil.unmount_all, rootfs)
+        rootfs = await prepare_rootfs(images, undo, bundle, cid, image.id,  # type: ignore[attr-defined]
+                                      f"container rootfs from {config.image.image}")
 
     with tr.step("spec"):
         ctx = ContainerContext(id=cid, config=config, sandbox_config=sandbox_config, sandbox=sandbox_info(sb),

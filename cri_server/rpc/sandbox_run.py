@@ -22,6 +22,7 @@ from cri_server.api.v1 import api_pb2 as pb
 from cri_server.context import Services
 from cri_server.errors import CriError, FailedPrecondition, Internal, InvalidArgument, Unavailable, image_failure
 from cri_server.images.errors import ImageError
+from cri_server.rpc.bundle import prepare_rootfs
 from cri_server.network import netns
 from cri_server.network.cni import Attachment, CniError, PortMapping, pod_cni_args
 from cri_server.rpc import events, listing
@@ -194,17 +195,7 @@ async def _create(svc: Services, req: pb.RunPodSandboxRequest, sid: str, name: s
 
     # The pause container's bundle.
     with tr.step("rootfs"):
-        os.makedirs(bundle, mode=0o711, exist_ok=True)
-        undo.push("remove the bundle", fsutil.remove_tree, bundle)
-        rootfs = os.path.join(bundle, "rootfs")
-        os.makedirs(rootfs, exist_ok=True)
-        try:
-            await images.prepare_rootfs(image.id, sid)
-        except ImageError as e:
-            raise image_failure(f"sandbox rootfs from {image_ref}: {e}", e) from None
-        undo.push("remove the rootfs snapshot", images.remove_snapshot, sid)
-        images.mount(sid, rootfs)
-        undo.push("unmount the rootfs", fsutil.unmount_all, rootfs)
+        rootfs = await prepare_rootfs(images, undo, bundle, sid, image.id, f"sandbox rootfs from {image_ref}")
     with tr.step("spec"):
         ctx = SandboxContext(id=sid, config=config, image=ImageConfig.from_oci(_oci_config(image)), rootfs=rootfs,
                              host=host, netns_path=netns_path, shm_path=shm_path, image_name=image_ref,
