@@ -385,12 +385,33 @@ def _check_mounts(mounts: list[dict[str, Any]]) -> None:
             raise ConfigError(f"mounts[{i}].source", "a bind mount needs a source")
 
 
+IDMAP_ROOTFS_ANNOTATION = "org.husk.rootfs.idmap"   # "true": the rootfs is idmapped too (husk-cri sets it)
+
+
+def mount_idmap(m: dict[str, Any]) -> str | None:
+    """"idmap", "ridmap" or None: how mounts[i] is to be idmapped (mappings without an option mean idmap)."""
+    opts = m.get("options") or []
+    if "ridmap" in opts:
+        return "ridmap"
+    if "idmap" in opts or m.get("uidMappings") or m.get("gidMappings"):
+        return "idmap"
+    return None
+
+
+def rootfs_idmap_wanted(raw: dict[str, Any]) -> bool:
+    return str((raw.get("annotations") or {}).get(IDMAP_ROOTFS_ANNOTATION, "")).lower() == "true"
+
+
+def idmap_wanted(raw: dict[str, Any]) -> bool:
+    """The config has idmapped mounts (runtime/idmap.py makes them; imported only then)."""
+    return rootfs_idmap_wanted(raw) or any(mount_idmap(m) for m in raw.get("mounts") or [])
+
+
 def _check_idmap(cfg: Config) -> None:
     """Idmapped mounts (runtime/idmap.py): bind mounts only; both mappings or none (then the container's)."""
-    from runtime import idmap
     has_userns = cfg.ns("user") is not None
     for i, m in enumerate(cfg.raw.get("mounts") or []):
-        kind = idmap.mount_idmap(m)
+        kind = mount_idmap(m)
         if kind is None:
             continue
         opts = m.get("options") or []
@@ -401,8 +422,8 @@ def _check_idmap(cfg: Config) -> None:
         if not m.get("uidMappings") and not has_userns:
             raise ConfigError(f"mounts[{i}]", f"{kind} without uidMappings/gidMappings takes the container's user "
                                               f"namespace mappings, but linux.namespaces has no user namespace")
-    if idmap.rootfs_wanted(cfg.raw) and not has_userns:
-        raise ConfigError(f"annotations.{idmap.ROOTFS_ANNOTATION}",
+    if rootfs_idmap_wanted(cfg.raw) and not has_userns:
+        raise ConfigError(f"annotations.{IDMAP_ROOTFS_ANNOTATION}",
                           "an idmapped rootfs takes the container's user namespace mappings, but linux.namespaces "
                           "has no user namespace")
 

@@ -24,27 +24,12 @@ if TYPE_CHECKING:
 from runtime.errors import SetupError
 from runtime.linux import syscalls as sc
 
-ROOTFS_ANNOTATION = "org.husk.rootfs.idmap"
+# Whether a config wants idmapped mounts is decided in runtime.config (every create loads it), so this module
+# is imported only by containers that have them.
+from runtime.config import IDMAP_ROOTFS_ANNOTATION as ROOTFS_ANNOTATION, mount_idmap, rootfs_idmap_wanted as rootfs_wanted
+
 ROOT_KEY = "root"
 MAX_FDS = 200  # per message (the kernel's SCM_MAX_FD is 253)
-
-
-def mount_idmap(m: dict[str, Any]) -> str | None:
-    """"idmap", "ridmap" or None: how mounts[i] is to be idmapped (mappings without an option mean idmap)."""
-    opts = m.get("options") or []
-    if "ridmap" in opts:
-        return "ridmap"
-    if "idmap" in opts or m.get("uidMappings") or m.get("gidMappings"):
-        return "idmap"
-    return None
-
-
-def rootfs_wanted(raw: dict[str, Any]) -> bool:
-    return str((raw.get("annotations") or {}).get(ROOTFS_ANNOTATION, "")).lower() == "true"
-
-
-def wanted(raw: dict[str, Any]) -> bool:
-    return rootfs_wanted(raw) or any(mount_idmap(m) for m in raw.get("mounts") or [])
 
 
 def prepare(raw: dict[str, Any], bundle: str, rootfs: str, userns_path: str | None) -> dict[str, int]:
@@ -80,7 +65,7 @@ def prepare(raw: dict[str, Any], bundle: str, rootfs: str, userns_path: str | No
             if not os.path.isabs(src):
                 src = os.path.join(bundle, src)
             if m.get("uidMappings") or m.get("gidMappings"):
-                import json  # not at module level: json imports re (~8 ms) and create imports this module
+                import json  # not at module level: json imports re (~8 ms), only mappings of their own need it
                 key = json.dumps([m.get("uidMappings") or [], m.get("gidMappings") or []], sort_keys=True)
                 if key not in userns:
                     userns[key] = userns_with(m.get("uidMappings") or [], m.get("gidMappings") or [], what)

@@ -88,9 +88,10 @@ def preload(cfg_raw: dict, timings: "list | None" = None) -> "object | None":
         from runtime import network  # noqa: F401
     if (cfg_raw.get("process") or {}).get("terminal"):
         from runtime import console  # noqa: F401
-    from runtime import idmap
-    if idmap.wanted(cfg_raw):
-        import socket  # noqa: F401 - idmap.receive, which runs inside the user namespace
+    from runtime.config import idmap_wanted
+    if idmap_wanted(cfg_raw):
+        from runtime import idmap  # noqa: F401 - idmap.receive, which runs inside the user namespace
+        import socket  # noqa: F401 - the same
         from runtime import jsonload  # noqa: F401 - the same
     profile = (cfg_raw.get("linux") or {}).get("seccomp")
     if profile:

@@ -177,8 +177,9 @@ def _create(root: str, container_id: str, cfg: Config, *, console_socket: str | 
             undo.callback(_close, ctx.listener_fd)
         parent_chan, child_chan = pair()
         undo.callback(parent_chan.close)
-        from runtime import idmap
-        if idmap.wanted(cfg.raw):
+        from runtime.config import idmap_wanted
+        if idmap_wanted(cfg.raw):
+            from runtime import idmap
             ctx.idmap_parent_fd, ctx.idmap_fd = idmap.socketpair()
             undo.callback(_close, ctx.idmap_parent_fd)
             undo.callback(_close, ctx.idmap_fd)

@@ -6,6 +6,7 @@ from typing import Callable, Iterable
 
 from cri_server.api.v1 import api_pb2 as pb
 from cri_server.spec.context import ContainerContext, SandboxContext, Spec, ensure, invalid
+from runtime.config import IDMAP_ROOTFS_ANNOTATION as ROOTFS_IDMAP_ANNOTATION
 
 
 def _set(spec: Spec, entries: list[dict[str, str]]) -> None:
@@ -83,7 +84,6 @@ def with_container_namespaces(spec: Spec, ctx: ContainerContext) -> None:
 # the host are root's inside and what container root writes is stored as root. Only one uid and one gid range,
 # starting at container id 0, as kubelet allocates them.
 USERNS_FIELD = "config.linux.security_context.namespace_options.userns_options"
-ROOTFS_IDMAP_ANNOTATION = "org.husk.rootfs.idmap"  # runtime.idmap.ROOTFS_ANNOTATION (no runtime import here)
 
 
 def pod_userns(config: pb.PodSandboxConfig) -> pb.UserNamespace | None:
