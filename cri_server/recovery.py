@@ -157,8 +157,11 @@ async def recover(svc: Services, *, remove_locked: Callable[[Services, str], Awa
 
     for c in [c for c in store.list_containers() if c.extra.get("creating")]:
         log.warning("removing a container whose creation was interrupted", extra={"id": c.id})
+        # The record names the pod's shim before the Create is sent (records from before that do not: the
+        # sandbox's then), so its task is found there even when the sandbox's exit was recorded meanwhile.
         sb = store.find_sandbox(c.sandbox_id)
-        await _discard_by_socket(svc, c.id, c.extra.get("runtime", ""), sb.shim_address if sb is not None else "")
+        pod_shim = c.shim_address or (sb.shim_address if sb is not None else "")
+        await _discard_by_socket(svc, c.id, c.extra.get("runtime", ""), pod_shim)
         async with svc.locks.hold(c.id):
             await remove_locked(svc, c.id)
     for s in [s for s in store.list_sandboxes() if s.state == SandboxState.CREATING]:

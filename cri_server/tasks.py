@@ -206,14 +206,41 @@ class TaskMonitor:
 
 def shim_shared(store: Any, address: str, object_id: str) -> bool:
     """Whether a record other than `object_id`'s still has a task in the shim at `address` (a pod's
-    sandbox and containers share the sandbox's shim). Checked right after the caller's record changed,
-    with no await in between: of two tasks ending together, the last to record its exit ends the shim."""
+    sandbox and containers share the sandbox's shim; a container being created names it before its Create
+    is sent). Checked right after the caller's record changed, with no await in between: of two tasks
+    ending together, the last to record its exit ends the shim."""
     if not address:
         return False
     for rec in store.all_records():
         if rec.id != object_id and rec.shim_address == address:
             return True
     return False
+
+
+def drop_shim_reference(store: Any, object_id: str, address: str) -> bool:
+    """`object_id`'s record stops naming the shim at `address` (its task there is gone, or was never made),
+    and whether another record still names it; one step, no await, as the exit watcher records an exit."""
+    if not address:
+        return False
+    rec = store.record(object_id)
+    if rec is not None and rec.shim_address == address:
+        extra = {k: v for k, v in rec.extra.items() if k != "shim_pid"}
+        new = dataclasses.replace(rec, shim_address="", extra=extra)
+        if isinstance(new, ContainerRecord):
+            store.put_container(new)
+        else:
+            store.put_sandbox(new)
+    return shim_shared(store, address, object_id)
+
+
+async def release_shim(svc: "Services", object_id: str, address: str, shim_pid: int = 0) -> None:
+    """Undo of a record that names a shim before its task is made there (CreateContainer): if the record
+    still names it, it stops, and the shim ends unless another record names it. No task is touched."""
+    rec = svc.store.record(object_id)
+    if rec is None or rec.shim_address != address:
+        return      # discard_task has released it already
+    shared = drop_shim_reference(svc.store, object_id, address)
+    await svc.need_shims().shutdown(object_id, address, shim_pid, shared=shared)
 
 
 def _shim_pid(store: Any, object_id: str) -> int:
@@ -251,8 +278,9 @@ async def force_delete(svc: "Services", object_id: str, runtime: str) -> None:
 
 async def discard_task(svc: "Services", object_id: str, address: str, runtime: str, shim_pid: int = 0,
                        shared: bool | None = None) -> None:
-    """Undo of a half-made task: kill it, delete it, end its shim (unless another record uses it, or `shared`
-    says another task of the caller's still will), and let the runtime forget it."""
+    """Undo of a half-made task: kill it, delete it, let its record stop naming the shim, end the shim
+    (unless another record names it, or `shared` says another task of the caller's still will), and let
+    the runtime forget it."""
     from shim import ttrpc_wire as w
     shims = svc.need_shims()
     if address:
@@ -271,6 +299,6 @@ async def discard_task(svc: "Services", object_id: str, address: str, runtime: s
                         await shims.call(object_id, address, "Delete", timeout=30.0, id=object_id)
                     except (ShimGone, w.TtrpcError):
                         pass
-    await shims.shutdown(object_id, address, shim_pid,
-                         shared=bool(shared) or shim_shared(svc.store, address, object_id))
+    shared = drop_shim_reference(svc.store, object_id, address) or bool(shared)
+    await shims.shutdown(object_id, address, shim_pid, shared=shared)
     await force_delete(svc, object_id, runtime)

@@ -1,10 +1,11 @@
 """CreateContainer: a container in a ready sandbox, created but not started.
 
 The image must be present (kubelet pulls first; a missing one is NotFound, its ErrImageNeverPull path). With
-an undo for each step: reserve the name and write the record ahead, the container's dir and log file's
-parent, the rootfs snapshot mounted in the bundle, config.json from the spec builder (the CRI config merged
-with the image config), task Create with the CRI log path (the shim writes the log itself) in the pod's
-shim: the sandbox's shim serves the pod's containers too (containerd's grouping), so no process is started.
+an undo for each step: reserve the name and write the record ahead (naming the pod's shim), the container's
+dir and log file's parent, the rootfs snapshot mounted in the bundle, config.json from the spec builder (the
+CRI config merged with the image config), task Create with the CRI log path (the shim writes the log itself)
+in the pod's shim: the sandbox's shim serves the pod's containers too (containerd's grouping), so no process
+is started.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from cri_server.spec.builder import container_spec
 from cri_server.spec.context import ContainerContext, ImageConfig, SandboxInfo
 from cri_server.store.records import ContainerRecord, ContainerState, SandboxRecord, SandboxState
 from cri_server.store.store import container_name
-from cri_server.tasks import discard_task
+from cri_server.tasks import discard_task, release_shim
 from cri_server.undo import Undo
 from cri_server.validation import check_request
 
@@ -132,17 +133,26 @@ async def _create(svc: Services, req: pb.CreateContainerRequest, sb: SandboxReco
     runtime = sb.extra.get("runtime") or svc.runtime_for(sb.runtime_handler)
     cdir, bundle = svc.container_dir(cid), svc.bundle_dir(cid)
     stop_signal = image.config.stop_signal  # type: ignore[attr-defined]
+    # The pod's shim (the sandbox's) is named in the record before anything else, read and written with no
+    # await between: the sandbox's exit watcher then leaves the shim to this create (it would ask it to end
+    # while the Create is in it), and whichever of the two lets go of it last ends it (tasks.shim_shared).
+    current = store.get_sandbox(sb.id)
+    address, shim_pid = current.shim_address, int(current.extra.get("shim_pid", 0))
+    if not address:
+        raise FailedPrecondition(f"pod sandbox {sb.id} has no running shim (its pause container exited)")
     rec = ContainerRecord(
         id=cid, sandbox_id=sb.id, name=name, container_name=config.metadata.name,
         attempt=config.metadata.attempt, state=ContainerState.CREATED, created_at=time.time_ns(),
         image=config.image.image, image_ref=image.id, image_id=image.id,  # type: ignore[attr-defined]
         labels=dict(config.labels), annotations=dict(config.annotations), config=config.SerializeToString(),
-        log_path=log_path,
+        log_path=log_path, shim_address=address,
         extra={"creating": True, "runtime": runtime, "bundle": bundle, "image_stop_signal": stop_signal,
-               "tty": bool(config.tty), "stdin": bool(config.stdin), "stdin_once": bool(config.stdin_once)})
+               "tty": bool(config.tty), "stdin": bool(config.stdin), "stdin_once": bool(config.stdin_once),
+               "shim_pid": shim_pid})
     with tr.step("record"):
         store.put_container(rec)
     undo.push("delete the record", store.delete_container, cid)
+    undo.push("release the pod's shim", release_shim, svc, cid, address, shim_pid)
 
     os.makedirs(cdir, mode=0o711, exist_ok=True)
     undo.push("remove the container dir", fsutil.remove_tree, cdir)
@@ -160,10 +170,8 @@ async def _create(svc: Services, req: pb.CreateContainerRequest, sb: SandboxReco
         spec = container_spec(ctx)
         podfiles.write_atomic(os.path.join(bundle, "config.json"), json.dumps(spec))
 
-    # The pod's shim (the sandbox's): read again, the pause may have exited while the rootfs was made.
-    sb = store.get_sandbox(sb.id)
-    address, shim_pid = sb.shim_address, int(sb.extra.get("shim_pid", 0))
-    if not address:
+    # Read again: the pause may have exited while the rootfs was made (the shim stays while we name it).
+    if store.get_sandbox(sb.id).shim_address != address:
         raise FailedPrecondition(f"pod sandbox {sb.id} has no running shim (its pause container exited)")
     undo.push("discard the task", discard_task, svc, cid, address, runtime, shim_pid)
     opts = shims.create_options(log_path=log_path, stdin_once=bool(config.stdin_once),
@@ -182,9 +190,8 @@ async def _create(svc: Services, req: pb.CreateContainerRequest, sb: SandboxReco
         finally:
             trace.add_runtime_stages(tr, bundle)
     extra = {k: v for k, v in rec.extra.items() if k != "creating"}
-    extra["shim_pid"] = shim_pid
     extra[trace.KEY] = tr.to_json()
-    store.put_container(dataclasses.replace(rec, pid=int(created.pid), shim_address=address, extra=extra))
+    store.put_container(dataclasses.replace(rec, pid=int(created.pid), extra=extra))
     svc.need_tasks().watch(cid)
     events.publish_container(svc, cid, "created")
     log.info("container created", extra={"id": cid, "sandbox": sb.id, "container": config.metadata.name})

@@ -56,10 +56,9 @@ async def stop_sandbox_locked(svc: Services, sandbox_id: str) -> None:
     except TimeoutError as e:
         raise Internal(f"stop pod sandbox {rec.id}: {e}") from None
     rec = svc.store.get_sandbox(rec.id)
-    if rec.shim_address:
+    if rec.shim_address:    # discard_task clears the record's shim_address
         await discard_task(svc, rec.id, rec.shim_address, rec.extra.get("runtime", ""),
                            int(rec.extra.get("shim_pid", 0)))
-        svc.store.put_sandbox(dataclasses.replace(svc.store.get_sandbox(rec.id), shim_address=""))
     await teardown_network(svc, rec.id)
     rec = svc.store.get_sandbox(rec.id)
     if rec.state != SandboxState.NOTREADY:
