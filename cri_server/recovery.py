@@ -5,9 +5,11 @@ that says its task lives (a ready sandbox, a created or running container) is re
 as containerd's CRI plugin does on restart: the shim's State is the truth. created stays created; running
 makes a record that still says created RUNNING (husk-cri died between the shim's Start and recording it);
 stopped records the exit (code and time from the shim, or from its durable exit file when the shim is
-gone); no shim and no exit file is EXITED with exit code 255, reason Unknown (a sandbox: NotReady), and the
-runtime force-deletes what may still run. Reconciled records are persisted before the gRPC server accepts
-calls; live tasks are watched again. A ready sandbox whose network namespace vanished is NotReady.
+gone); no task and no exit file records the exit the previous husk-cri's watcher had read and kept as pending
+(it was killed between the task's Delete and recording the exit); with none of these it is EXITED with exit
+code 255, reason Unknown (a sandbox: NotReady), and the runtime force-deletes what may still run. Reconciled
+records are persisted before the gRPC server accepts calls; live tasks are watched again. A ready sandbox
+whose network namespace vanished is NotReady.
 A pod's tasks share the sandbox's shim (records made before that have a shim per container: both recover
 the same way, each task asked at its record's address); a shim ends once no record's task is left in it.
 """
@@ -25,7 +27,7 @@ from cri_server.context import Services
 from cri_server.network import netns
 from cri_server.shims import ShimGone
 from cri_server.store.records import ContainerRecord, ContainerState, SandboxRecord, SandboxState
-from cri_server.tasks import REASON_UNKNOWN, SHIM_GONE_EXIT, ExitInfo, discard_task
+from cri_server.tasks import PENDING_EXIT, REASON_UNKNOWN, SHIM_GONE_EXIT, ExitInfo, discard_task, pending_exit
 
 log = logging.getLogger(__name__)
 
@@ -56,13 +58,13 @@ def reconcile_container(rec: ContainerRecord, task: TaskState, now: int, started
     if task.status == RUNNING:
         started = rec.started_at or started_hint or now
         return dataclasses.replace(rec, state=ContainerState.RUNNING, started_at=started, pid=task.pid or rec.pid)
-    extra = {k: v for k, v in rec.extra.items() if k != "shim_pid"}
-    if task.status == STOPPED:
-        info = ExitInfo(task.exit_code, task.exited_at or now, task.oom)
+    extra = {k: v for k, v in rec.extra.items() if k not in ("shim_pid", PENDING_EXIT)}
+    info = _known_exit(rec, task, now)
+    if info is not None:
         started = rec.started_at or min(started_hint, info.exited_at)
         return dataclasses.replace(rec, state=ContainerState.EXITED, started_at=started,
                                    finished_at=info.exited_at, exit_code=info.exit_code, reason=info.reason,
-                                   shim_address="", extra=extra)
+                                   message=info.message or rec.message, shim_address="", extra=extra)
     # GONE
     message = f"the container's shim was gone when husk-cri restarted ({task.detail})" if task.detail else \
         "the container's shim was gone when husk-cri restarted"
@@ -71,14 +73,23 @@ def reconcile_container(rec: ContainerRecord, task: TaskState, now: int, started
                                message=message, shim_address="", extra=extra)
 
 
+def _known_exit(rec: ContainerRecord | SandboxRecord, task: TaskState, now: int) -> ExitInfo | None:
+    """The exit of a stopped task (the shim's, or its exit file's); for a task gone without an exit file, the
+    exit the previous husk-cri's watcher kept as pending in the record; else None."""
+    if task.status == STOPPED:
+        return ExitInfo(task.exit_code, task.exited_at or now, task.oom)
+    if task.status == GONE:
+        return pending_exit(rec)
+    return None
+
+
 def reconcile_sandbox(rec: SandboxRecord, task: TaskState, now: int) -> SandboxRecord:
     """A ready sandbox made true to its pause task: stopped or gone makes it NotReady with the exit."""
     if rec.state != SandboxState.READY or task.status not in (STOPPED, GONE):
         return rec
-    extra = {k: v for k, v in rec.extra.items() if k != "shim_pid"}
-    if task.status == STOPPED:
-        info = ExitInfo(task.exit_code, task.exited_at or now, task.oom)
-    else:
+    extra = {k: v for k, v in rec.extra.items() if k not in ("shim_pid", PENDING_EXIT)}
+    info = _known_exit(rec, task, now)
+    if info is None:
         info = ExitInfo(SHIM_GONE_EXIT, now, message=f"the sandbox's shim was gone when husk-cri restarted"
                                                      f"{f' ({task.detail})' if task.detail else ''}")
     extra["exit"] = {"code": info.exit_code, "at": info.exited_at, "reason": info.reason, "message": info.message}

@@ -1,8 +1,10 @@
 """Task exits: one watcher per live sandbox or container task, waiting on its shim (ttrpc Wait).
 
-When a task exits the watcher records it (exit code, time, reason Completed/Error/OOMKilled; a sandbox turns
-NotReady), deletes the task, ends the shim once no other task of the pod uses it (the pod's containers run in
-the sandbox's shim) and publishes the event. A shim
+When a task exits the watcher writes the exit (code, time, OOM) into its record as pending (`PENDING_EXIT`,
+committed), deletes the task (the shim then drops the task and its exit file), records the exit (reason
+Completed/Error/OOMKilled; a sandbox turns NotReady), ends the shim once no other task of the pod uses it (the
+pod's containers run in the sandbox's shim) and publishes the event. A husk-cri killed between the Delete and
+the record finds the pending exit at the next start (recovery), so the exit status is never lost. A shim
 that vanished is read from its durable exit file, or reported as exit 255. Other code waits for exits here
 (StopContainer, StopPodSandbox) instead of polling. Owns no RPC logic.
 """
@@ -29,6 +31,8 @@ REASON_ERROR = "Error"
 REASON_OOM = "OOMKilled"
 REASON_UNKNOWN = "Unknown"
 SHIM_GONE_EXIT = 255
+# Record extra: the exit the watcher read, kept (committed) until the task's Delete is done and the exit recorded.
+PENDING_EXIT = "exit_pending"
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,19 @@ class ExitInfo:
         if self.message:
             return REASON_UNKNOWN
         return REASON_COMPLETED if self.exit_code == 0 else REASON_ERROR
+
+
+def pending_exit(rec: ContainerRecord | SandboxRecord | None) -> ExitInfo | None:
+    """The exit a watcher read and had not recorded yet when husk-cri stopped (its Delete may have removed the
+    task and the shim's exit file already), None if there is none."""
+    doc = rec.extra.get(PENDING_EXIT) if rec is not None else None
+    if not isinstance(doc, dict):
+        return None
+    try:
+        return ExitInfo(int(doc["code"]), int(doc["at"]), bool(doc.get("oom", False)), str(doc.get("message", "")))
+    except (KeyError, TypeError, ValueError):
+        log.warning("ignoring a malformed pending exit", extra={"id": rec.id if rec else "", "pending": doc})
+        return None
 
 
 def _ts_ns(ts: Any) -> int:
@@ -107,6 +124,9 @@ class TaskMonitor:
         if not address:
             return
         info: ExitInfo
+        # Set when a previous husk-cri read the exit and was stopped before recording it: its Delete may have
+        # removed the task and its exit file.
+        pending = pending_exit(self.svc.store.record(object_id))
         try:
             resp = await shims.call(object_id, address, "Wait", timeout=None, id=object_id)
             rec = shims.exit_record(object_id)
@@ -117,22 +137,24 @@ class TaskMonitor:
             if rec is not None:
                 info = ExitInfo(rec.exit_status, rec.exited_at_ns, rec.oom_killed)
             else:
-                info = ExitInfo(SHIM_GONE_EXIT, time.time_ns(), message=f"the shim exited: {e}")
+                info = pending or ExitInfo(SHIM_GONE_EXIT, time.time_ns(), message=f"the shim exited: {e}")
                 await self._kill_orphan(object_id)
         except w.TtrpcError as e:
             if e.code != w.NOT_FOUND:
                 log.error("waiting for the task failed", extra={"id": object_id, "error": str(e)})
-            info = ExitInfo(SHIM_GONE_EXIT, time.time_ns(), message=f"task lost: {e}")
+            info = pending or ExitInfo(SHIM_GONE_EXIT, time.time_ns(), message=f"task lost: {e}")
         except asyncio.CancelledError:
             raise
         await self._finish(object_id, address, info)
 
     async def _finish(self, object_id: str, address: str, info: ExitInfo) -> None:
-        """Records the exit, deletes the task and ends its shim (every step tolerates a gone shim)."""
+        """Keeps the exit as pending (committed), deletes the task, records the exit and ends the shim (every
+        step tolerates a gone shim). Killed at any point, the next husk-cri records the same exit (recovery)."""
         from shim import ttrpc_wire as w
         shims = self.svc.need_shims()
         store = self.svc.store
         pid = _shim_pid(store, object_id)
+        self._keep_pending(object_id, info)
         try:
             await shims.call(object_id, address, "Delete", timeout=30.0, id=object_id)
         except ShimGone:
@@ -144,11 +166,27 @@ class TaskMonitor:
         await shims.shutdown(object_id, address, pid, shared=shim_shared(store, address, object_id))
         log.info("task exited", extra={"id": object_id, "exit_code": info.exit_code, "reason": info.reason})
 
+    def _keep_pending(self, object_id: str, info: ExitInfo) -> None:
+        """The exit, written into the record before the task's Delete removes the shim's copy (state unchanged:
+        RPCs see the task as before until the exit is recorded)."""
+        store = self.svc.store
+        rec = store.record(object_id)
+        if rec is None:
+            return
+        doc = {"code": info.exit_code, "at": info.exited_at, "oom": info.oom, "message": info.message}
+        if rec.extra.get(PENDING_EXIT) == doc:
+            return
+        new = dataclasses.replace(rec, extra={**rec.extra, PENDING_EXIT: doc})
+        if isinstance(new, ContainerRecord):
+            store.put_container(new)
+        else:
+            store.put_sandbox(new)
+
     def _record_exit(self, object_id: str, info: ExitInfo) -> None:
         store = self.svc.store
         c = store.container(object_id)
         if c is not None:
-            extra = {k: v for k, v in c.extra.items() if k != "shim_pid"}
+            extra = {k: v for k, v in c.extra.items() if k not in ("shim_pid", PENDING_EXIT)}
             store.put_container(dataclasses.replace(
                 c, state=ContainerState.EXITED, exit_code=info.exit_code, finished_at=info.exited_at,
                 reason=info.reason, message=info.message or c.message, shim_address="", extra=extra))
@@ -157,7 +195,7 @@ class TaskMonitor:
             return
         s = store.sandbox(object_id)
         if s is not None:
-            extra = {k: v for k, v in s.extra.items() if k != "shim_pid"}
+            extra = {k: v for k, v in s.extra.items() if k not in ("shim_pid", PENDING_EXIT)}
             extra["exit"] = {"code": info.exit_code, "at": info.exited_at, "reason": info.reason,
                              "message": info.message}
             state = SandboxState.NOTREADY if s.state == SandboxState.READY else s.state

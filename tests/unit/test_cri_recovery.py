@@ -107,6 +107,27 @@ def test_stopped_or_gone_pause_task_makes_the_sandbox_notready():
     assert rc.reconcile_sandbox(notready, rc.TaskState(rc.GONE), NOW) is notready
 
 
+_PENDING = {"exit_pending": {"code": 137, "at": NOW - 11, "oom": True, "message": ""}}
+
+
+def test_gone_task_with_a_pending_exit_records_that_exit():
+    """husk-cri was killed between the watcher's Delete (task and exit file gone) and recording the exit."""
+    rec = _container(ContainerState.RUNNING, started_at=CREATED_AT + 7)
+    rec = dataclasses.replace(rec, extra={**rec.extra, **_PENDING})
+    new = rc.reconcile_container(rec, rc.TaskState(rc.GONE, detail="not found"), NOW)
+    assert (new.state, new.exit_code, new.reason, new.finished_at, new.shim_address, new.message) == \
+        (ContainerState.EXITED, 137, "OOMKilled", NOW - 11, "", "")
+    assert "exit_pending" not in new.extra and "shim_pid" not in new.extra
+    # The shim's own answer wins while it still has the task; the pending exit goes either way.
+    stopped = rc.reconcile_container(rec, rc.TaskState(rc.STOPPED, exit_code=137, exited_at=NOW - 11), NOW)
+    assert (stopped.exit_code, stopped.finished_at) == (137, NOW - 11) and "exit_pending" not in stopped.extra
+    sb = dataclasses.replace(_sandbox(), extra={"shim_pid": 29, **_PENDING})
+    gone = rc.reconcile_sandbox(sb, rc.TaskState(rc.GONE, detail="not found"), NOW)
+    assert (gone.state, gone.shim_address, gone.extra["exit"]) == \
+        (SandboxState.NOTREADY, "", {"code": 137, "at": NOW - 11, "reason": "OOMKilled", "message": ""})
+    assert "exit_pending" not in gone.extra
+
+
 # --- reading the shim ----------------------------------------------------------------------------------
 @dataclasses.dataclass
 class _Exit:

@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import uuid
 from typing import Any
 
 from cri_server.api.v1 import api_pb2 as pb
 from tests.integration.cri.conftest import BUSYBOX
+from tests.support import procfs
 from tests.support.cri import CriDaemon
 from tests.support.waiting import wait_for  # noqa: F401 -- the suites import it from here
 
@@ -76,3 +78,27 @@ def leftovers(cri: CriDaemon) -> dict[str, list[str]]:
 def nothing_left(cri: CriDaemon) -> None:
     left = {k: v for k, v in leftovers(cri).items() if v}
     assert not left, f"left behind: {left}"
+
+
+def _unix_sockets() -> dict[int, tuple[int, int]]:
+    """inode -> (bytes in its receive queue, the peer's inode) of every connected unix stream socket."""
+    out = subprocess.run(["ss", "-x", "-n"], capture_output=True, text=True, check=True).stdout
+    table = {}
+    for line in out.splitlines()[1:]:
+        f = line.split()
+        if len(f) >= 8 and f[0] == "u_str" and f[5].isdigit() and f[7].isdigit():
+            table[int(f[5])] = (int(f[2]), int(f[7]))
+    return table
+
+
+def shim_queues(shim_pid: int) -> tuple[int, int]:
+    """Bytes waiting to be read (by the shim, by husk-cri) on the connections to the shim's sockets: with the
+    shim or husk-cri SIGSTOPped, shows a request or an answer in flight (fault tests force an order with it)."""
+    inodes = {int(t[len("socket:["):-1]) for t in procfs.fd_targets(shim_pid) if t.startswith("socket:[")}
+    table = _unix_sockets()
+    to_shim = to_cri = 0
+    for ino in inodes & table.keys():
+        recv, peer = table[ino]
+        to_shim += recv
+        to_cri += table.get(peer, (0, 0))[0]
+    return to_shim, to_cri

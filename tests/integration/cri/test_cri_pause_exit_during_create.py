@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 
 import grpc
 import pytest
@@ -23,8 +22,8 @@ import pytest
 from cri_server.api.v1 import api_pb2 as pb
 from shim import exitfile
 from tests.integration.cri.conftest import BUSYBOX
-from tests.integration.cri.helpers import container_config, nothing_left, pod_config, run_pod, status, wait_for
-from tests.support import procfs
+from tests.integration.cri.helpers import (container_config, nothing_left, pod_config, run_pod, shim_queues, status,
+                                           wait_for)
 
 pytestmark = [pytest.mark.root]
 
@@ -35,29 +34,6 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
     except (OSError, IndexError):
         return False
-
-
-def _unix_sockets() -> dict[int, tuple[int, int]]:
-    """inode -> (bytes in its receive queue, the peer's inode) of every connected unix stream socket."""
-    out = subprocess.run(["ss", "-x", "-n"], capture_output=True, text=True, check=True).stdout
-    table = {}
-    for line in out.splitlines()[1:]:
-        f = line.split()
-        if len(f) >= 8 and f[0] == "u_str" and f[5].isdigit() and f[7].isdigit():
-            table[int(f[5])] = (int(f[2]), int(f[7]))
-    return table
-
-
-def _queues(shim_pid: int) -> tuple[int, int]:
-    """Bytes waiting to be read (by the shim, by husk-cri) on the connections to the shim's sockets."""
-    inodes = {int(t[len("socket:["):-1]) for t in procfs.fd_targets(shim_pid) if t.startswith("socket:[")}
-    table = _unix_sockets()
-    to_shim = to_cri = 0
-    for ino in inodes & table.keys():
-        recv, peer = table[ino]
-        to_shim += recv
-        to_cri += table.get(peer, (0, 0))[0]
-    return to_shim, to_cri
 
 
 def _sandbox_info(rt, pod_id: str) -> dict:
@@ -77,18 +53,18 @@ def _create_while_the_pause_exits(cri, rt, pod: pb.PodSandboxConfig, pod_id: str
         stopped.append(cri.proc.pid)
         os.kill(pause, signal.SIGKILL)
         # The shim reaped the pause (exit file) and answered husk-cri's Wait, which husk-cri has not read.
-        wait_for(lambda: exitfile.read(shim_dir) is not None and _queues(shim_pid)[1] > 0, 30,
+        wait_for(lambda: exitfile.read(shim_dir) is not None and shim_queues(shim_pid)[1] > 0, 30,
                  "the shim's answer to Wait in husk-cri's receive queue", interval=0.01)
         os.kill(shim_pid, signal.SIGSTOP)
         stopped.append(shim_pid)
         cri.proc.send_signal(signal.SIGCONT)
         stopped.remove(cri.proc.pid)
         # The watcher read the exit and asked the (stopped) shim to delete the sandbox's task.
-        queued = wait_for(lambda: _queues(shim_pid)[0], 30, "the sandbox task's Delete queued at the shim",
+        queued = wait_for(lambda: shim_queues(shim_pid)[0], 30, "the sandbox task's Delete queued at the shim",
                           interval=0.01)
         fut = rt.CreateContainer.future(pb.CreateContainerRequest(
             pod_sandbox_id=pod_id, config=container_config("c", ["sleep", "3600"]), sandbox_config=pod), timeout=60)
-        wait_for(lambda: fut.done() or _queues(shim_pid)[0] > queued, 30, "the container's Create queued behind it",
+        wait_for(lambda: fut.done() or shim_queues(shim_pid)[0] > queued, 30, "the container's Create queued behind it",
                  interval=0.01)
         assert not fut.done(), fut.exception()
     finally:
