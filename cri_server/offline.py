@@ -171,6 +171,13 @@ def live_container(r: ContainerRecord, live: Live) -> ContainerRecord:
     """The record as husk-cri would report it had it seen what the shim says."""
     if live.source == "store":
         return r
+    from cri_server.tasks import pending_exit
+    pending = pending_exit(r)
+    if pending is not None and live.source != "shim":
+        # husk-cri read the exit and was stopped before recording it (its Delete may have removed the task and
+        # the shim's exit file): what it will record at its next start.
+        return dataclasses.replace(r, state=ContainerState.EXITED, exit_code=pending.exit_code,
+                                   finished_at=pending.exited_at, reason=r.reason or pending.reason)
     if live.source == "unreachable":
         return dataclasses.replace(r, state=ContainerState.UNKNOWN if r.state == ContainerState.RUNNING else r.state)
     if live.status == "STOPPED":

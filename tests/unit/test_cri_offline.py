@@ -202,6 +202,16 @@ def test_live_state_from_the_shim_overrides_the_record():
     assert offline.live_sandbox(sandbox("a"), offline.Live("shim", "STOPPED")).state == SandboxState.NOTREADY
 
 
+def test_an_exit_husk_cri_read_but_did_not_record_is_shown():
+    # husk-cri was killed after the task's Delete (the shim dropped it and its exit file), before recording it.
+    from cri_server.tasks import PENDING_EXIT
+    c = container("x", "a" * 64, extra={PENDING_EXIT: {"code": 137, "at": NOW, "oom": False, "message": ""}})
+    for live in (offline.Live("unreachable", error="task not found"), offline.Live("exit-file", "STOPPED")):
+        r = offline.live_container(c, live)
+        assert (r.state, r.exit_code, r.finished_at, r.reason) == (ContainerState.EXITED, 137, NOW, "Error")
+    assert offline.live_container(c, offline.Live("shim", "RUNNING", pid=7)).state == ContainerState.RUNNING
+
+
 # --- tables ---------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("seconds,text", [(0.5, "Less than a second"), (1, "1 second"), (59, "59 seconds"),
                                           (61, "About a minute"), (3599, "59 minutes"), (3600, "About an hour"),
