@@ -181,7 +181,8 @@ class BinaryRuntime(RuntimeDriver):
 
 class InProcessRuntime(RuntimeDriver):
     """husk's runtime called in-process: create/exec run in a forked child (they set up the container's
-    stdio as fds 0-2 and may join namespaces); the other verbs are plain function calls."""
+    stdio as fds 0-2 and may join namespaces), start too (`call_in_child`: memory); the other verbs are plain
+    function calls."""
 
     name = "husk"
 
@@ -241,7 +242,9 @@ class InProcessRuntime(RuntimeDriver):
         return _read_pid(pid_file)
 
     def start(self, container_id: str) -> None:
-        self._call("start", container_id, self.lc.start, self.opts.root, container_id)
+        # in a forked child: what the runtime's start reads and runs is not written in the long-lived shim
+        # (-0.2 MB private per shim, shim/README.md "Memory")
+        call_in_child("start", container_id, self.lc.start, self.opts.root, container_id)
 
     def kill(self, container_id: str, sig: int, all: bool = False) -> None:
         self._call("kill", container_id, self.lc.kill, self.opts.root, container_id, sig, all=all)
@@ -271,6 +274,52 @@ class InProcessRuntime(RuntimeDriver):
         if fn is None:
             raise RuntimeFailure("ps", container_id, "not provided by the in-process runtime")
         return [int(p) for p in self._call("ps", container_id, fn, self.opts.root, container_id)]
+
+
+def call_in_child(op: str, container_id: str, fn: Any, *args: Any) -> bytes:
+    """fn(*args) in a forked child of the shim; the bytes it returns (or b"" for None) come back over a pipe.
+    RuntimeFailure when fn raised (its type and text) or the child died.
+
+    For work whose effects are outside the shim's memory (files, cgroups, signals, an encoded answer): CPython
+    writes into every object it runs or touches (reference counts, caches), which copies the object's page out
+    of the memory a shim shares with the spawner, for the shim's lifetime; a child's copies end with it."""
+    r, wfd = os.pipe2(os.O_CLOEXEC)
+    pid = os.fork()
+    if pid == 0:  # child: never returns
+        code = 1
+        try:
+            os.close(r)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            signal.set_wakeup_fd(-1)        # the shim's signal pipe is not the child's
+            out = fn(*args)
+            view = memoryview(b"\1" + (out or b""))
+            while view:
+                view = view[os.write(wfd, view):]
+            code = 0
+        except BaseException as e:  # reported to the parent, then exit
+            try:
+                os.write(wfd, f"\0{type(e).__name__}\0{e}".encode()[:32768])
+            except OSError:
+                pass
+        finally:
+            os._exit(code)
+    os.close(wfd)
+    chunks = []
+    try:
+        while True:
+            b = os.read(r, 65536)
+            if not b:
+                break
+            chunks.append(b)
+    finally:
+        os.close(r)
+        status = os.waitpid(pid, 0)[1]     # reaped here, never by the loop's reaper
+    data = b"".join(chunks)
+    if status == 0 and data[:1] == b"\1":
+        return data[1:]
+    kind, _, msg = data[1:].decode(errors="replace").partition("\0")
+    msg = msg or f"{op} child exited with status {os.waitstatus_to_exitcode(status)}"
+    raise RuntimeFailure(op, container_id, msg, kind == "ContainerNotFound" or _not_found(msg))
 
 
 def _keep_logging_off_container_stdio() -> None:

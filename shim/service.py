@@ -22,9 +22,9 @@ from shim.crilog import CriLogWriter
 from shim.events import Publisher, ts_from_ns
 from shim.loop import Loop
 from shim.pb import events as ev
-from shim.pb import google, husk as huskpb, runc_options, task as taskpb, task_types
+from shim.pb import cgroups_v1, google, husk as huskpb, runc_options, task as taskpb, task_types
 from shim.record import REQUIRED, Record
-from shim.runtime_driver import RuntimeFailure, RuntimeOptions, make_driver
+from shim.runtime_driver import RuntimeFailure, RuntimeOptions, call_in_child, make_driver
 from shim.stdio import ProcessIO
 from shim.ttrpc_server import PENDING, CallContext
 from shim.log import get as get_logger
@@ -401,8 +401,13 @@ class TaskService:
         t = self._task(req.id)
         if t.cgroup is None:
             raise w.TtrpcError(w.NOT_FOUND, f"container {req.id!r}: no cgroup known")
-        m = cgroup_watch.metrics(t.cgroup)
-        return taskpb.StatsResponse(stats=google.Any(type_url=m.FULL_NAME, value=m.encode()))
+        # read and encoded in a forked child: the cgroup reader's objects are not written in the shim (-0.28 MB
+        # private per shim: shim/README.md, "Memory")
+        try:
+            value = call_in_child("stats", req.id, _encoded_metrics, t.cgroup)
+        except RuntimeFailure as err:
+            raise w.TtrpcError(w.UNKNOWN, str(err)) from err
+        return taskpb.StatsResponse(stats=google.Any(type_url=_METRICS_TYPE, value=value))
 
     def Connect(self, ctx: CallContext, req: taskpb.ConnectRequest) -> taskpb.ConnectResponse:
         t = self.tasks.get(req.id) or self.tasks.get(self.cfg.id)
@@ -669,3 +674,10 @@ class TaskService:
         for t in self.tasks.values():
             t.rootfs_mounted = ""
             self._close_task(t)
+
+
+_METRICS_TYPE = cgroups_v1.Metrics.FULL_NAME
+
+
+def _encoded_metrics(cg: Any) -> bytes:
+    return cgroup_watch.metrics(cg).encode()

@@ -20,7 +20,6 @@ import os
 import signal
 import socket
 import sys
-import threading
 
 from shim.log import get as get_logger
 from shim.record import REQUIRED, Record
@@ -43,6 +42,7 @@ class Spawned(Record):
 
 class Spawner:
     def __init__(self) -> None:
+        import threading    # husk-cri's side only: in the zygote, threading's at-fork hook would run in every shim
         self._sock: socket.socket | None = None
         self.pid = 0
         self._lock = threading.Lock()
@@ -51,6 +51,7 @@ class Spawner:
         """Starts the zygote (fork + exec; spawn() waits while it imports). Call before any thread exists in
         this process. `preload`: modules the zygote imports besides RUNTIME_MODULES (SYSTEMD_MODULES when the
         shims' runtime uses the systemd cgroup driver), so that no container start imports them."""
+        import threading
         if threading.active_count() > 1:
             raise SpawnError("Spawner.start() must run before any other thread is started")
         from runtime import exeguard
@@ -136,7 +137,6 @@ def _preload(extra: tuple[str, ...] = ()) -> None:
     import importlib
     import runtime.linux.syscalls  # noqa: F401
     import shim.cgroup_watch  # noqa: F401
-    import shim.client  # noqa: F401
     import shim.daemon  # noqa: F401
     import shim.events  # noqa: F401
     import shim.pb.cgroups_v1  # noqa: F401
@@ -304,7 +304,6 @@ def _warm_up() -> bool:
     from shim.daemon import serve, setup_logging
     from runtime.linux.proctitle import set_title
     from shim.ttrpc_server import listen_unix
-    import tempfile
     fds = set(os.listdir("/proc/self/fd"))
     saved_err = os.dup(2)
     client = 0
@@ -313,8 +312,10 @@ def _warm_up() -> bool:
     try:
         # A fresh directory of our own (random name, made 0700 by mkdir: nothing planted there beforehand can be
         # followed, scanned or removed). On a noexec TMPDIR the stand-in runtime cannot run: skipped, logged.
-        d = tempfile.mkdtemp(prefix="husk-spawner-warm-")
-        for sub in ("bundle", "state", "root"):
+        d = _private_dir("husk-spawner-warm-")
+        # "c": the grouped container's state dir, made by husk-cri before its Create (cri_server/shims.py
+        # task_dir), so the shim does not remove it either (nor import shutil into the zygote to do so)
+        for sub in ("bundle", "state", "root", "c"):
             os.mkdir(os.path.join(d, sub), 0o700)
         with open(os.path.join(d, "bundle", "config.json"), "w") as f:
             f.write("{}")
@@ -404,6 +405,20 @@ def _warm_up() -> bool:
             except OSError as err:
                 log.warning("spawner: warm-up: removing %s: %s", d, err)
     return ok
+
+
+def _private_dir(prefix: str) -> str:
+    """A new directory of our own (0700, random name) in $TMPDIR or /tmp: tempfile.mkdtemp without importing
+    tempfile, whose `random` registers an at-fork hook that would then run in every shim."""
+    base = os.environ.get("TMPDIR") or "/tmp"
+    for _ in range(100):
+        path = os.path.join(base, prefix + os.urandom(8).hex())
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            continue
+        return path
+    raise FileExistsError(f"{base}: no free name for a directory {prefix}*")
 
 
 def _kill_pid(pid: int) -> None:

@@ -1,17 +1,19 @@
 """ContainerStats, ListContainerStats, PodSandboxStats, ListPodSandboxStats, and the sampling they share with
 the CRI metrics RPCs (rpc/metrics.py).
 
-A sample is one reading per object: CPU, memory, pids and block I/O from each running task's shim (its
-cgroup metrics), the writable layer from the image service (a walk of the container's upper dir, in a
-thread), network from the pod's namespace (/proc/<pause>/net/dev), and for metrics process, thread and fd
-counts from /proc. This module turns samples into CRI stats (CPU rate from the previous sample), metrics.py
-into CRI metrics. Containers that are not running report only their writable layer. A shim or file that is
-gone leaves its part out (logged at debug); it never fails the call.
+A sample is one reading per object: CPU, memory and pids from each running task's cgroup files, read here
+(rpc/cgread.py; the metrics RPCs, which also want block I/O, kernel memory and OOM counters, and any task whose
+cgroup is not found that way ask the task's shim for its full cgroup metrics), the writable layer from the image
+service (a walk of the container's upper dir, in a thread), network from the pod's namespace
+(/proc/<pause>/net/dev), and for metrics process, thread and fd counts from /proc. This module turns samples into
+CRI stats (CPU rate from the previous sample), metrics.py into CRI metrics. Containers that are not running
+report only their writable layer. A shim or file that is gone leaves its part out (logged at debug); it never
+fails the call.
 
 kubelet asks for the same objects from several callers (ListPodSandboxStats and ListContainerStats back to
-back, the summary API, eviction): concurrent callers share one shim call or walk, a shim reading younger
-than _READING_MAX_AGE_NS answers again (its own timestamp kept), and a writable layer is walked at most once
-per _LAYER_MAX_AGE_NS (as containerd 1.6 walks snapshots every stats_collect_period; the FilesystemUsage
+back, the summary API, eviction): concurrent callers share one shim call or walk, a cgroup or shim reading
+younger than _READING_MAX_AGE_NS answers again (its own timestamp kept), and a writable layer is walked at
+most once per _LAYER_MAX_AGE_NS (as containerd 1.6 walks snapshots every stats_collect_period; the FilesystemUsage
 timestamp is the walk's).
 
 A List*Stats call (and the metrics RPCs) never holds the event loop for long: objects are sampled
@@ -33,7 +35,7 @@ from typing import Any, Awaitable, Callable, Hashable, Iterable
 
 from cri_server.api.v1 import api_pb2 as pb
 from cri_server.context import Services
-from cri_server.rpc import cgdecode
+from cri_server.rpc import cgdecode, cgread
 from cri_server.shims import ShimGone
 from cri_server.store.records import ContainerFilter, ContainerRecord, ContainerState, SandboxFilter, \
     SandboxRecord, SandboxState
@@ -182,13 +184,18 @@ class Recent:
 
 @dataclass
 class Readings:
-    """One daemon's recent shim readings (id -> (ns since the epoch, metrics)) and writable-layer walks."""
+    """One daemon's recent shim readings (id -> (ns since the epoch, metrics)), writable-layer walks, and
+    where each task's cgroup counters are with the last reading of them (rpc/cgread.py)."""
     metrics: Recent = field(default_factory=Recent)
     layers: Recent = field(default_factory=Recent)
+    # id -> [pid, the cgroup manager or None (ask the shim), read at (monotonic ns), read at (epoch ns), reading]
+    cgroups: dict[str, list[Any]] = field(default_factory=dict)
 
     def forget_missing(self, live: set[str]) -> None:
         self.metrics.forget_missing(live)
         self.layers.forget_missing(live)
+        for k in [k for k in self.cgroups if k not in live]:
+            del self.cgroups[k]
 
 
 _readings: "weakref.WeakKeyDictionary[Any, Readings]" = weakref.WeakKeyDictionary()
@@ -273,13 +280,40 @@ class PodSample:
     network: list[Interface] | None = None
 
 
-async def _metrics(svc: Services, object_id: str, address: str) -> tuple[int, Any]:
-    """(ns since the epoch when it was read, the shim's cgroup metrics or None): a recent reading if any."""
+async def _metrics(svc: Services, object_id: str, address: str, pid: int = 0) -> tuple[int, Any]:
+    """(ns since the epoch when it was read, the cgroup metrics or None). With the task's `pid` (the stats
+    RPCs): read here from its cgroup files (rpc/cgread.py), the shim asked only when they cannot be; without
+    (the metrics RPCs, which want every counter): the shim's reading, a recent one if any."""
     if not address:
         return time.time_ns(), None
+    if pid:
+        reading = _cgroup_reading(svc, object_id, pid)
+        if reading is not None:
+            return reading
     return await readings(svc).metrics.get(object_id, address, _READING_MAX_AGE_NS,
                                            lambda: _read_metrics(svc, object_id, address),
                                            keep=lambda v: v[1] is not None)
+
+
+def _cgroup_reading(svc: Services, object_id: str, pid: int) -> tuple[int, Any] | None:
+    """(ns since the epoch, the task's counters) from its cgroup files, located once per pid; a reading
+    younger than _READING_MAX_AGE_NS answers again (ListPodSandboxStats then ListContainerStats read each
+    cgroup once). None: no cgroup of its own found or readable, ask its shim."""
+    known = readings(svc).cgroups
+    hit = known.get(object_id)
+    if hit is None or hit[0] != pid:
+        hit = known[object_id] = [pid, cgread.locate(pid, object_id), 0, 0, None]
+    _pid, files, fetched, at, m = hit
+    if files is None:
+        return None
+    now = time.monotonic_ns()
+    if m is None or now - fetched >= _READING_MAX_AGE_NS:
+        m = cgread.read(files)
+        if m is None:
+            return None
+        hit[2:] = [now, time.time_ns(), m]
+        at = hit[3]
+    return at, m
 
 
 async def _read_metrics(svc: Services, object_id: str, address: str) -> tuple[int, Any]:
@@ -374,7 +408,8 @@ def _count_entries(pids: list[int], sub: str) -> int:
 
 async def sample_container(svc: Services, r: ContainerRecord, processes: bool = False) -> ContainerSample:
     running = r.state == ContainerState.RUNNING
-    now, m = await _metrics(svc, r.id, r.shim_address) if running else (time.time_ns(), None)
+    now, m = await _metrics(svc, r.id, r.shim_address, 0 if processes else r.pid) if running \
+        else (time.time_ns(), None)
     s = ContainerSample(record=r, now=now, metrics=m)
     s.layer = await layer_usage(svc, r.id)
     if processes and m is not None and r.pid:
@@ -409,7 +444,7 @@ async def sample_pod(svc: Services, sb: SandboxRecord, processes: bool = False) 
     ready = sb.state == SandboxState.READY
     containers = [c for c in svc.store.containers_of(sb.id) if not c.extra.get("creating")]
     (at, pause), *samples = await asyncio.gather(
-        _metrics(svc, sb.id, sb.shim_address) if ready else _no_reading(),
+        _metrics(svc, sb.id, sb.shim_address, 0 if processes else sb.pid) if ready else _no_reading(),
         *(sample_container(svc, c, processes) for c in containers))
     net = read_net_dev(sb.pid) if ready and sb.netns_path and sb.pid else None
     # The pod's figures are sums of these readings: they carry the newest one's time (a reading reused from a

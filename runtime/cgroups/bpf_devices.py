@@ -12,15 +12,15 @@ writing (also O_RDWR), which v1's exception list cannot express exactly but inte
 from __future__ import annotations
 
 import errno
-import logging
 import os
 import struct
 from dataclasses import dataclass
 from typing import Any
 
 from runtime.errors import ConfigError, SetupError
+from runtime import logutil
 
-log = logging.getLogger(__name__)
+log = logutil.Logger(__name__)
 
 # linux/bpf.h: struct bpf_cgroup_dev_ctx { u32 access_type; u32 major; u32 minor; }
 # access_type = (access << 16) | type

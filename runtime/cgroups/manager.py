@@ -131,8 +131,9 @@ class Manager(Protocol):
     def set(self, resources: dict[str, Any]) -> None:
         """Writes every limit given in `resources`; fields that are absent are left alone."""
 
-    def stats(self) -> Stats:
-        ...
+    def stats(self, basic: bool = False) -> Stats:
+        """The cgroup's counters. `basic`: only CPU usage, memory usage/limit/memory.stat and memory+swap, and
+        pids.current (what the CRI stats RPCs read: 6-8 files instead of ~45), SetupError if it is gone."""
 
     def pids(self) -> list[int]:
         """Every pid in the cgroup (recursively on v2 / v1 with children)."""

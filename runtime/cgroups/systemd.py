@@ -318,8 +318,8 @@ class SystemdManager:
         return self.new and not self.started
 
     # the rest is the scope's cgroup files
-    def stats(self) -> Any:
-        return self.fs.stats()
+    def stats(self, basic: bool = False) -> Any:
+        return self.fs.stats(basic)
 
     def pids(self) -> list[int]:
         return [] if self._foreign() else self.fs.pids()

@@ -10,6 +10,7 @@ import os
 TYPE_CHECKING = False  # typing costs ~2 ms to import; mypy treats this name as typing's
 
 from runtime.errors import SetupError
+from runtime.fsutil import read_small
 
 if TYPE_CHECKING:
     from typing import Any
@@ -99,8 +100,7 @@ class V1Manager:
         if d is None:
             return None
         try:
-            with open(os.path.join(d, name)) as f:
-                return f.read()
+            return read_small(os.path.join(d, name))
         except OSError:
             return None
 
@@ -173,6 +173,29 @@ class V1Manager:
                 raise SetupError(f"add pid {pid} to cgroup {self.path}: {d} does not exist") from None
             except OSError as e:
                 raise SetupError(f"add pid {pid} to {path}: {e.strerror}") from None
+
+    def join_self(self) -> None:
+        """Moves the calling process, which must be single-threaded, into this cgroup in every v1 hierarchy but
+        a hybrid host's cgroup2 one (dir("unified"): clone3 into it, runtime/child.py): `0` written to `tasks`
+        moves the calling thread without the global cgroup_threadgroup_rwsem, whose write side (any pid written
+        to `cgroup.procs`) first waits for an RCU grace period, 2-20 ms on this host."""
+        unified = self.dir("unified")
+        for d in self._dirs():
+            if d == unified:
+                continue
+            path = os.path.join(d, "tasks")
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                raise SetupError(f"join cgroup {self.path}: {d} does not exist") from None
+            except OSError as e:
+                raise SetupError(f"open {path}: {e.strerror}") from None
+            try:
+                os.write(fd, b"0")
+            except OSError as e:
+                raise SetupError(f"join {path}: {e.strerror}") from None
+            finally:
+                os.close(fd)
 
     def apply_split(self, pid: int, paths: dict[str, str]) -> None:
         """`exec --cgroup ctrl:sub` on v1: moves `pid` into `paths[ctrl]` (absolute within the hierarchy) for
@@ -425,9 +448,11 @@ class V1Manager:
         return None if text is None else _oom_control(text).get("oom_kill", 0)
 
     # --- stats ---------------------------------------------------------------------------------
-    def stats(self) -> "Stats":
+    def stats(self, basic: bool = False) -> "Stats":
         from runtime.cgroups.manager import (CpuStats, HugetlbStats, IoStats, MemoryStats, PidsStats, Stats,
                                              working_set)
+        if basic:
+            return self._basic_stats()
         s = Stats()
         cpu = CpuStats(usage_ns=self._read_int("cpuacct", "cpuacct.usage"))
         cpu.percpu_ns = [int(x) for x in (self._read("cpuacct", "cpuacct.usage_percpu") or "").split()]
@@ -508,6 +533,31 @@ class V1Manager:
                         failcnt=self._read_int("hugetlb", f"hugetlb.{size}.failcnt"))
         return s
 
+
+    def _basic_stats(self) -> "Stats":
+        """stats(basic=True): CPU usage, memory usage/limit/memory.stat and memory+swap, pids.current (6-8
+        files). SetupError when the cgroup is gone (its cpuacct.usage or memory.usage_in_bytes unreadable)."""
+        from runtime.cgroups.manager import CpuStats, MemoryEntry, MemoryStats, PidsStats, Stats, working_set
+        cpu, usage = self._read("cpuacct", "cpuacct.usage"), self._read("memory", "memory.usage_in_bytes")
+        if cpu is None or usage is None:
+            raise SetupError(f"stats of {self.path}: its cpuacct or memory cgroup is gone")
+        raw: dict[str, int] = {}
+        for line in (self._read("memory", "memory.stat") or "").splitlines():
+            k, _, v = line.partition(" ")
+            if v.isdigit():
+                raw[k] = int(v)
+        used, limit = int(usage), self._read_int("memory", "memory.limit_in_bytes")
+        mem = MemoryStats(usage=used, limit=0 if limit >= 2**62 else limit,
+                          working_set=working_set(used, raw.get("total_inactive_file", 0)),
+                          rss=raw.get("total_rss", 0), cache=raw.get("total_cache", 0), raw=raw)
+        mem.entries["usage"] = MemoryEntry(usage=used, limit=limit)
+        memsw = self._read("memory", "memory.memsw.usage_in_bytes")
+        if memsw is not None:
+            mem.entries["swap"] = MemoryEntry(usage=int(memsw),
+                                              limit=self._read_int("memory", "memory.memsw.limit_in_bytes"))
+            mem.swap_usage = max(0, int(memsw) - used)
+        return Stats(cpu=CpuStats(usage_ns=int(cpu)), memory=mem,
+                     pids=PidsStats(current=self._read_int("pids", "pids.current")))
 
     def _memory_entry(self, prefix: str) -> "Any":
         from runtime.cgroups.manager import MemoryEntry

@@ -6,7 +6,6 @@ stats, freezer, kill and removal. It must not decide the cgroup path or touch v1
 from __future__ import annotations
 
 import errno
-import logging
 import os
 import select
 import signal
@@ -17,16 +16,16 @@ from runtime.cgroups import v2_resources
 from runtime.cgroups.manager import (BlkioEntry, CpuStats, HugetlbStats, IoStats, MemoryEntry, MemoryStats,
                                      PidsStats, Stats, working_set)
 from runtime.errors import SetupError
+from runtime.fsutil import read_small
+from runtime import logutil
 
-log = logging.getLogger(__name__)
+log = logutil.Logger(__name__)
 
 FREEZE_TIMEOUT = 10.0      # seconds for the kernel to report frozen/thawed
 DESTROY_TIMEOUT = 5.0      # seconds for the last processes to leave before rmdir gives up
 
 
-def _read(path: str) -> str:
-    with open(path) as f:
-        return f.read()
+_read = read_small
 
 
 def parse_flat_keyed(text: str) -> dict[str, int]:
@@ -214,7 +213,9 @@ class V2Manager:
         if rules is not None:
             bpf_devices.install(self.dir, rules)
 
-    def stats(self) -> Stats:
+    def stats(self, basic: bool = False) -> Stats:
+        if basic:
+            return self._basic_stats()
         st = Stats()
         if self._has_file("cpu.stat"):
             cpu = parse_flat_keyed(self._readf("cpu.stat"))
@@ -283,6 +284,36 @@ class V2Manager:
                 events = parse_flat_keyed(self._readf(f"hugetlb.{size}.events"))
                 st.hugetlb[size] = HugetlbStats(usage=int(self._readf(name)), failcnt=events.get("max", 0))
         return st
+
+    def _basic_stats(self) -> Stats:
+        """stats(basic=True): CPU usage, memory usage/limit/memory.stat and memory+swap, pids.current (6-8
+        files). SetupError when the cgroup is gone."""
+        usage_ns = 0
+        for line in self._readf("cpu.stat").splitlines():
+            if line.startswith("usage_usec "):
+                usage_ns = int(line[11:]) * 1000
+                break
+        raw = parse_flat_keyed(self._readf("memory.stat"))
+        usage, limit = int(self._readf("memory.current")), _limit_raw(self._readf("memory.max"))
+        mem = MemoryStats(usage=usage, limit=0 if limit == UNLIMITED else limit,
+                          working_set=working_set(usage, raw.get("inactive_file", 0)), rss=raw.get("anon", 0),
+                          cache=raw.get("file", 0), kernel=kernel_memory(raw), raw=raw)
+        mem.entries["usage"] = MemoryEntry(usage=usage, limit=limit)
+        try:
+            swap = int(self._readf("memory.swap.current"))
+        except SetupError:
+            swap = -1                   # no swap accounting
+        if swap >= 0:
+            swap_limit = _limit_raw(self._readf("memory.swap.max"))
+            mem.swap_usage = swap
+            # runc reports memory+swap here, as v1 counts it
+            mem.entries["swap"] = MemoryEntry(usage=swap + usage, limit=swap_limit if swap_limit == UNLIMITED
+                                              else min(UNLIMITED, swap_limit + limit))
+        try:
+            pids = int(self._readf("pids.current"))
+        except SetupError:
+            pids = 0                    # no pids controller
+        return Stats(cpu=CpuStats(usage_ns=usage_ns), memory=mem, pids=PidsStats(current=pids))
 
     def pids(self) -> list[int]:
         out: list[int] = []

@@ -10,13 +10,13 @@ Devices (eBPF) are not planned here: see bpf_devices.py. v1-only fields are igno
 """
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from runtime.errors import ConfigError
+from runtime import logutil
 
-log = logging.getLogger(__name__)
+log = logutil.Logger(__name__)
 
 ROOT = "linux.resources"
 # Files that move, kill or freeze processes: they are not resource settings and must not come from `unified`.

@@ -15,10 +15,12 @@ process's own threads, children excluded) of the daemon, of husk-cri's spawner, 
 (husk-shim, or containerd-shim-runc-v2); p50/p99/max of each RPC. Everything is torn down at the end.
 
 After the window, --back-to-back N calls of ListPodSandbox and of ListContainers in a tight loop per daemon
-give the per-call latency without the wake-up from a second of idling.
+give the per-call latency without the wake-up from a second of idling, and --idle-calls N Version calls per
+daemon, each after idling as the PLEG caller does, the floor under the relisting latencies (the cheapest RPC
+after the same idle: thread wake-ups on both sides, no work).
 
 Usage: scripts/bench/relist [--pods 100] [--seconds 300] [--slice 30] [--interval 1] [--back-to-back 200]
-                            [--sequential] [--rpcs ListPodSandbox,ListContainers,...] [--out DIR]
+                            [--idle-calls 40] [--sequential] [--rpcs ListPodSandbox,ListContainers,...] [--out DIR]
                             [--runtime in-process|runc] [--skip-containerd] [--log-level warn] [--py-spy FILE]
 """
 from __future__ import annotations
@@ -96,6 +98,24 @@ def back_to_back(side: "Side", n: int) -> dict:
             xs.append((time.perf_counter() - t0) * 1e3)
         out[name] = {"p50": round(percentile(xs, 50), 2), "p99": round(percentile(xs, 99), 2), "n": n}
     return out
+
+
+def idle_floor(sides: list["Side"], n: int, interval: float) -> dict[str, dict]:
+    """The floor under the relisting latencies: `n` Version calls per daemon (the cheapest RPC, no work behind
+    it), each after idling interval * U(0.75, 1.25) as the PLEG caller does, daemons taken in turn. What a
+    daemon cannot answer faster than after a second of idling, on this machine and with this client (the
+    wake-ups of the client's and the daemon's threads), no List can."""
+    from cri_server.api.v1 import api_pb2 as pb
+    rng = random.Random(7)
+    xs: dict[str, list[float]] = {s.name: [] for s in sides}
+    for _ in range(n):
+        for s in sides:
+            time.sleep(interval * rng.uniform(0.75, 1.25))
+            t0 = time.perf_counter()
+            s.driver.rt.Version(pb.VersionRequest(), timeout=30)
+            xs[s.name].append((time.perf_counter() - t0) * 1e3)
+    return {k: {"p50": round(percentile(v, 50), 2), "p99": round(percentile(v, 99), 2), "max": round(max(v), 2),
+                "n": len(v)} for k, v in xs.items() if v}
 
 
 class Side:
@@ -220,6 +240,9 @@ def main() -> int:
                          "stats provider as two concurrent callers)")
     ap.add_argument("--back-to-back", type=int, default=200, metavar="N",
                     help="then N ListPodSandbox and N ListContainers in a tight loop per daemon")
+    ap.add_argument("--idle-calls", type=int, default=40, metavar="N",
+                    help="then N Version calls per daemon, each after idling about --interval: the floor of an "
+                         "RPC after a second of idling, on this machine and with this client")
     ap.add_argument("--rpcs", default=",".join(RPCS), help="the RPCs a relist makes (comma-separated)")
     ap.add_argument("--settle", type=float, default=3.0, help="seconds before each memory reading")
     ap.add_argument("--out", default=os.path.join(tempfile.gettempdir(),
@@ -328,6 +351,9 @@ def main() -> int:
         if a.back_to_back:
             for s in sides:
                 results["relist"][s.name]["back_to_back_ms"] = back_to_back(s, a.back_to_back)
+        if a.idle_calls:
+            for name, x in idle_floor(sides, a.idle_calls, a.interval).items():
+                results["relist"][name]["idle_version_ms"] = x
         results["load_after"] = os.getloadavg()
         log("tearing down")
         for s in sides:
@@ -392,6 +418,10 @@ def table(r: dict) -> str:
         if all(xs):
             lines.append(f"| {rpc} back to back, ms p50 / p99 (n {xs[0]['n']}) | "
                          + " | ".join(f"{x['p50']} / {x['p99']}" for x in xs) + (" | |" if len(names) == 2 else " |"))
+    xs = [rel[n].get("idle_version_ms") for n in names]
+    if all(xs):
+        lines.append(f"| Version after idling ~{r['interval']} s (the floor), ms p50 / p99 (n {xs[0]['n']}) | "
+                     + " | ".join(f"{x['p50']} / {x['p99']}" for x in xs) + (" | |" if len(names) == 2 else " |"))
     return "\n".join(lines)
 
 
