@@ -5,6 +5,7 @@ Must not: touch the rootfs or cgroups, or outlive the fork of the init (it exits
 """
 from __future__ import annotations
 
+import errno
 import os
 TYPE_CHECKING = False  # `typing` costs ~4 ms (it imports re): annotations only
 
@@ -41,8 +42,8 @@ def run(ctx: "CreateContext", chan: "Channel", reentered: bool = False) -> None:
         seen: set[str] = set()
 
         def wait_for(verb: str) -> None:
-            # "go" (cgroup placed) and "mapped" may arrive in either order: the parent places us in the cgroup
-            # while we import and join namespaces, so both run at once
+            # "go" (cgroup placed, or with ctx.cgroup_join made) and "mapped" may arrive in either order: the
+            # parent places us in the cgroup while we import and join namespaces, so both run at once
             while verb not in seen:
                 got, text = chan.recv()
                 if got == "error":
@@ -53,6 +54,24 @@ def run(ctx: "CreateContext", chan: "Channel", reentered: bool = False) -> None:
 
         from runtime import init
         ctx.seccomp = init.preload(cfg.raw, ctx.stages)
+        unified_fd = -1
+        if ctx.cgroup_join:
+            # before any namespace: the cgroup files are the host's, written with the host's credentials; the
+            # runtime makes the cgroup while this process starts and imports
+            wait_for("go")
+            t_cg = stages.now()
+            mgr = ctx.cgroup_mgr
+            if mgr is None:  # the protected re-exec: the runtime's objects did not come along
+                from runtime.cgroups import manager_for
+                mgr = manager_for(ctx.cgroup_path)
+            mgr.join_self()
+            unified = mgr.dir("unified")
+            if unified is not None:
+                try:
+                    unified_fd = os.open(unified, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                except OSError as e:
+                    raise SetupError(f"open cgroup {unified}: {e.strerror}") from None
+            stages.since(ctx.stages, "cgroup_apply", t_cg)  # the same stage, done here
         t_ns = stages.now()
         userns_new = cfg.new_ns("user")
         # CVE-2019-5736 class: nothing in the container may open /proc/<us>/exe (the host interpreter)
@@ -113,7 +132,7 @@ def run(ctx: "CreateContext", chan: "Channel", reentered: bool = False) -> None:
             lines = "".join(f"{clock} {o.get('secs', 0)} {o.get('nanosecs', 0)}\n" for clock, o in offsets.items())
             with open("/proc/self/timens_offsets", "w") as f:
                 f.write(lines)
-        pid = os.fork()
+        pid = fork_init(unified_fd)
         if pid == 0:
             ctx.stages = []
             init.run(ctx, chan)  # never returns
@@ -127,6 +146,35 @@ def run(ctx: "CreateContext", chan: "Channel", reentered: bool = False) -> None:
         finally:
             os._exit(1)
 
+
+
+def fork_init(unified_fd: int) -> int:
+    """Forks the init; with `unified_fd` (a hybrid host's cgroup2 directory of the container, when this process
+    joined the v1 ones itself) straight into that cgroup: clone3(CLONE_INTO_CGROUP) needs no write to
+    cgroup.procs, which waits for an RCU grace period (2-20 ms here). Where the kernel or a seccomp filter
+    does not know clone3 (ENOSYS, E2BIG: refused before any process exists), a plain fork and that write;
+    any other failure is an error (it may come after the kernel gave a new pid namespace its pid 1, and that
+    namespace then forks nothing more). The init needs none of os.fork's bookkeeping: this process is
+    single-threaded and the init only sets up and execs (syscalls.fork_into_cgroup)."""
+    if unified_fd < 0:
+        return os.fork()
+    try:
+        pid = sc.fork_into_cgroup(unified_fd)
+    except OSError as e:
+        if e.errno not in (errno.ENOSYS, errno.E2BIG):
+            raise SetupError(f"fork the init into its cgroup2 cgroup: {e.strerror}") from None
+        pid = os.fork()
+        if pid != 0:
+            try:
+                fd = os.open("cgroup.procs", os.O_WRONLY | os.O_CLOEXEC, dir_fd=unified_fd)
+                try:
+                    os.write(fd, str(pid).encode())
+                finally:
+                    os.close(fd)
+            except OSError as e:
+                raise SetupError(f"add the init (pid {pid}) to its cgroup2 cgroup: {e.strerror}") from None
+    os.close(unified_fd)
+    return pid
 
 
 def _before_userns(proc: dict) -> None:

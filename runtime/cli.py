@@ -126,13 +126,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def launch(interpreter: str, protected: str) -> None:
-    """The generated `husk` launcher's entry (runtime/launcher.py): sys.argv[1] is the launcher's own path.
+    """The generated `husk` launcher's entry (runtime/launcher.py): after it, sys.argv[0] is the launcher's path.
     `interpreter` is the real interpreter file, `protected` its persistent protected interpreter (the launcher
     execs that one when it is there). As root, makes or repairs it for the next calls when this call did not
     run from a sound one (runtime/exeguard.py; one look at two inodes when it did). Never returns."""
     import gc
     gc.disable()  # a short-lived command: the collector would only run during imports
-    del sys.argv[0]  # "-c"
+    if sys.argv[0] == "-c":
+        del sys.argv[0]  # the sh launcher's: sys.argv[1] is its path; the #! launcher's script is sys.argv[0]
     if os.geteuid() == 0:
         try:
             ok = False

@@ -53,25 +53,36 @@ def is_protected(pid: "int | str" = "self") -> bool:
         mnt = _exe_mount_id(fd)
         if mnt is None:
             return False
-        from runtime.mountinfo import mount_ids
-        ids = mount_ids("self")
-        if pid != "self":
-            ids |= mount_ids(pid)
-        return mnt not in ids or _is_persistent(fd, mnt)
+        line = _mount_line("self", mnt)   # one read of the table: create's child runs this on its critical path
+        if line is not None:
+            return _is_persistent(fd, line)   # the persistent one is a mount of this namespace
+        return pid == "self" or _mount_line(pid, mnt) is None
     except OSError:
         return False
     finally:
         os.close(fd)
 
 
+def _mount_line(pid: "int | str", mnt: int) -> bytes | None:
+    """The line of mount `mnt` in `pid`'s mount table, None when the mount is in no namespace there."""
+    head = b"%d " % mnt
+    with open(f"/proc/{pid}/mountinfo", "rb") as f:
+        for line in f:
+            if line.startswith(head):
+                return line
+    return None
+
+
 # --- the persistent protected interpreter ------------------------------------------------------------------
 # One read-only, nosuid, nodev bind mount of the interpreter's file per interpreter, made once in the host's mount
-# namespace under PERSISTENT_ROOT (by the `husk` launcher's first run as root, runtime/cli.py's launch) and
-# exec'd directly by the launcher, so that a CLI `create`/`exec` skips the per-container re-exec. It holds for
+# namespace under a root directory (the launcher's: <venv>/husk-interpreter, runtime/launcher.py; the default
+# below otherwise) by the `husk` launcher's first run as root (runtime/cli.py's launch) over a runnable copy of
+# the interpreter (prepare_persistent), and named by the launcher's #! line, so that the kernel execs it and a
+# CLI `create`/`exec` skips the per-container re-exec. It holds for
 # the same reason as runc's memfd-bind (a sealed memfd bound over /usr/bin/runc in the host's namespace): a
 # process in a container's mount namespace cannot remount, unmount or write through a mount of another mount
 # namespace (the kernel's check_mnt: EINVAL), and /proc/<pid>/exe only ever leads to this mount. It is
-# unbindable (and so is its directory), so no later rbind of /run copies it into a container's namespace. A
+# unbindable (and so is its directory), so no later rbind of a parent copies it into a container's namespace. A
 # pyvenv.cfg beside it lets Python find its stdlib (`home`) and records the real file (`husk-interpreter`).
 PERSISTENT_ROOT = "/run/husk-interpreter"
 _PERSISTENT_FLAGS = os.ST_RDONLY | os.ST_NOSUID | os.ST_NODEV
@@ -84,18 +95,14 @@ def persistent_path(real: str, root: str = PERSISTENT_ROOT) -> str:
     return os.path.join(root, name, "bin", "python")
 
 
-def _is_persistent(fd: int, mnt: int) -> bool:
+def _is_persistent(fd: int, line: bytes) -> bool:
+    """`line`: the exe's mount in /proc/self/mountinfo (or in the process's whose exe `fd` is)."""
     st = os.fstat(fd)
     if os.fstatvfs(fd).f_flag & _PERSISTENT_FLAGS != _PERSISTENT_FLAGS or st.st_uid != 0 or st.st_mode & 0o022:
         return False
     from runtime.mountinfo import parse_line
-    head = b"%d " % mnt
-    with open("/proc/self/mountinfo", "rb") as f:
-        for line in f:
-            if line.startswith(head):
-                m = parse_line(line.decode(errors="surrogateescape"))
-                return m is not None and "unbindable" in m.optional
-    return False
+    m = parse_line(line.decode(errors="surrogateescape"))
+    return m is not None and "unbindable" in m.optional
 
 
 def recorded_interpreter(path: str) -> str | None:
@@ -122,6 +129,45 @@ def persistent_ok(path: str, real: str) -> bool:
         return False
 
 
+def prepare_persistent(real: str, path: str) -> None:
+    """Makes the mount point of the persistent protected interpreter `path` (persistent_path) a runnable copy of
+    the interpreter file `real`, with the pyvenv.cfg beside it: the `husk` launcher names `path` on its #! line,
+    and while nothing is mounted there (after a reboot, before the first call as root mounts it) the copy runs,
+    unprotected, and the stages re-exec from a detached mount (is_protected says no). Raises OSError."""
+    d = os.path.dirname(os.path.dirname(path))
+    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+    cfg = f"home = {os.path.dirname(real)}\n{_REAL_KEY}{real}\n"
+    try:
+        with open(os.path.join(d, "pyvenv.cfg")) as f:
+            same = f.read() == cfg
+    except OSError:
+        same = False
+    if not same:
+        tmp = os.path.join(d, f".pyvenv.cfg.{os.getpid()}")
+        with open(tmp, "w") as f:
+            f.write(cfg)
+        os.replace(tmp, os.path.join(d, "pyvenv.cfg"))
+    try:
+        st, rst = os.stat(path), os.stat(real)
+        if st.st_size == rst.st_size and st.st_mode & 0o111:
+            return   # the copy (or, mounted, the interpreter itself)
+    except FileNotFoundError:
+        pass
+    tmp = f"{path}.{os.getpid()}"
+    src = os.open(real, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o755)
+        try:
+            while os.sendfile(dst, src, None, 1 << 24):
+                pass
+            os.fchmod(dst, 0o755)
+        finally:
+            os.close(dst)
+    finally:
+        os.close(src)
+    os.replace(tmp, path)
+
+
 def ensure_persistent(real: str, path: str) -> bool:
     """Makes (or re-makes, when stale) the persistent protected interpreter of `real` at `path` (persistent_path)
     in this process's mount namespace. Needs CAP_SYS_ADMIN there; returns False when it cannot be made (the
@@ -141,12 +187,7 @@ def ensure_persistent(real: str, path: str) -> bool:
             if mount_at(path, read()) is None:
                 break
             sc.umount2(path, sc.MNT_DETACH)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)  # the mount point
-        os.close(fd)
-        tmp = os.path.join(d, f".pyvenv.cfg.{os.getpid()}")
-        with open(tmp, "w") as f:
-            f.write(f"home = {os.path.dirname(real)}\n{_REAL_KEY}{real}\n")
-        os.replace(tmp, os.path.join(d, "pyvenv.cfg"))
+        prepare_persistent(real, path)   # the mount point: a runnable copy, and pyvenv.cfg
         tree = sc.open_tree(-100, real, sc.OPEN_TREE_CLONE | sc.OPEN_TREE_CLOEXEC)
         try:
             sc.mount_setattr("", sc.MOUNT_ATTR_RDONLY | sc.MOUNT_ATTR_NOSUID | sc.MOUNT_ATTR_NODEV, 0,

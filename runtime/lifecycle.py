@@ -152,8 +152,7 @@ def kill(root: str, container_id: str, sig: int, all: bool = False) -> None:
     if all:
         # as runc: every process left in the cgroup, whatever the init's state (containerd sends
         # `kill --all` to stopped containers and expects success)
-        from runtime.cgroups import manager_for
-        mgr = manager_for(rec.cgroup_path)
+        mgr = st.cgroup_manager(rec)
         if mgr.exists():
             mgr.kill_all(sig)
         return
@@ -178,8 +177,7 @@ def _signal_init(rec: st.Record, sig: int) -> None:
 
 
 def _kill_container(rec: st.Record, sig: int) -> None:
-    from runtime.cgroups import manager_for
-    mgr = manager_for(rec.cgroup_path)
+    mgr = st.cgroup_manager(rec)
     try:
         if mgr.exists():
             mgr.kill_all(sig)
@@ -205,8 +203,7 @@ def delete(root: str, container_id: str, force: bool = False) -> None:
                                    f"(stop it first, or use --force)")
             _kill_container(rec, SIGKILL)
             _wait_gone(rec)
-        from runtime.cgroups import manager_for
-        mgr = manager_for(rec.cgroup_path)
+        mgr = st.cgroup_manager(rec)
         if mgr.exists():
             linux = rec.config.get("linux") or {}
             own_pidns = any(n.get("type") == "pid" and not n.get("path") for n in linux.get("namespaces") or [])
@@ -272,23 +269,21 @@ def _hook_state(rec: st.Record, status: str) -> dict[str, Any]:
 
 
 def pause(root: str, container_id: str) -> None:
-    from runtime.cgroups import manager_for
     with st.Lock(st.container_dir(root, container_id)):
         rec = st.load(root, container_id)
         status = st.status(root, rec)
         if status != "running":
             raise InvalidState(f"cannot pause container {container_id!r}: it is {status}")
-        manager_for(rec.cgroup_path).freeze()
+        st.cgroup_manager(rec).freeze()
 
 
 def resume(root: str, container_id: str) -> None:
-    from runtime.cgroups import manager_for
     with st.Lock(st.container_dir(root, container_id)):
         rec = st.load(root, container_id)
         status = st.status(root, rec)
         if status != "paused":
             raise InvalidState(f"cannot resume container {container_id!r}: it is {status}, not paused")
-        manager_for(rec.cgroup_path).thaw()
+        st.cgroup_manager(rec).thaw()
 
 
 def update(root: str, container_id: str, resources: dict[str, Any]) -> dict[str, Any]:
@@ -339,11 +334,10 @@ def list_containers(root: str) -> list[dict[str, Any]]:
 
 def processes(root: str, container_id: str) -> list[int]:
     """Every pid in the container's cgroup (what `husk ps` shows)."""
-    from runtime.cgroups import manager_for
     rec = st.load(root, container_id)
     if st.status(root, rec) == "stopped":
         return []
-    return manager_for(rec.cgroup_path).pids()
+    return st.cgroup_manager(rec).pids()
 
 
 def exec_process(root: str, container_id: str, process: dict[str, Any], *, console_socket: str | None = None,

@@ -4,7 +4,8 @@ prestart/createRuntime hooks; forks the intermediate child (child.py), which for
 Sync protocol (runtime/sync.py), child -> parent: "maps" (write my uid/gid maps), "pid N" (the init's pid),
 "hooks" (run prestart+createRuntime now), "ready" (init is about to block on the start socket), "error MSG".
 "pid" and "ready" carry the sender's stage timings after the value, and "stages T" precedes an "error" (stages.py).
-Parent -> child: "go" (you are in the cgroup), "mapped", "hooksdone", "error MSG".
+Parent -> child: "go" (you are in the cgroup; with ctx.cgroup_join the child joins it itself), "mapped",
+"hooksdone", "error MSG".
 Everything created is registered in an ExitStack at once, so a failure part-way leaves nothing behind.
 """
 from __future__ import annotations
@@ -48,6 +49,11 @@ class CreateContext:
         self.idmap_fd = -1                   # the init's end of the socket the idmapped mounts come on
         self.idmap_parent_fd = -1            # the runtime's end (runtime/idmap.py)
         self.stages: list = []               # (name, start ns, duration ns) of this process's stages (stages.py)
+        # the intermediate child moves itself into the v1 cgroups (V1Manager.join_self) and forks the init into
+        # a hybrid host's cgroup2 one (child.fork_init): no write to cgroup.procs, which waits for an RCU grace
+        # period; else the runtime applies the intermediate child's pid everywhere before "go"
+        self.cgroup_join = False
+        self.cgroup_mgr: Any = None          # the runtime's manager, inherited through fork (not re-exec)
 
     def to_payload(self) -> dict[str, Any]:
         """Plain values for the protected re-exec of the intermediate child (runtime.exeguard), which has not
@@ -57,7 +63,8 @@ class CreateContext:
                 "state_dir": self.state_dir, "fifo_path": self.fifo_path, "cgroup_path": self.cgroup_path,
                 "fifo_fd": self.fifo_fd, "console_fd": self.console_fd, "no_pivot": self.no_pivot,
                 "no_new_keyring": self.no_new_keyring, "preserve_fds": self.preserve_fds,
-                "extra_env": self.extra_env, "listener_fd": self.listener_fd, "idmap_fd": self.idmap_fd}
+                "extra_env": self.extra_env, "listener_fd": self.listener_fd, "idmap_fd": self.idmap_fd,
+                "cgroup_join": self.cgroup_join}
 
     @classmethod
     def from_payload(cls, p: dict[str, Any]) -> "CreateContext":
@@ -70,6 +77,7 @@ class CreateContext:
                   extra_env=p["extra_env"])
         ctx.listener_fd = p["listener_fd"]
         ctx.idmap_fd = p.get("idmap_fd", -1)
+        ctx.cgroup_join = p.get("cgroup_join", False)
         return ctx
 
     def state(self, pid: int, status: str) -> dict[str, Any]:
@@ -129,6 +137,7 @@ def _create(root: str, container_id: str, cfg: Config, *, console_socket: str | 
             no_pivot: bool, no_new_keyring: bool, preserve_fds: int, unit: Any, cgroup_path: str,
             extra_env: dict[str, str], timings: list) -> int:
     from runtime import cgroups
+    join = False   # the intermediate child joins the v1 cgroup itself (ctx.cgroup_join)
     with Undo() as undo:
         state_dir, lock = st.create_dir(root, container_id)
         undo.callback(_rmtree, state_dir)
@@ -150,15 +159,22 @@ def _create(root: str, container_id: str, cfg: Config, *, console_socket: str | 
         elif os.geteuid() == 0 or cfg.linux.get("resources"):
             mgr = cgroups.manager_for(cgroup_path)
             existed = mgr.exists()
-            mgr.create()
             if not existed:
-                undo.callback(_destroy_cgroup, mgr)
-            mgr.set(cgroup_resources(cfg))
+                undo.callback(_destroy_cgroup, mgr)   # before procs.kill_all's: runs after it
+            # a cgroup namespace's root is the cgroup the child is in when it makes or joins it, so that case (and
+            # v2, systemd) keeps the runtime's apply before "go"; so do a user namespace (the child is not host
+            # root when it forks the init) and an unprivileged runtime. Otherwise (V1Manager.join_self,
+            # child.fork_init) the cgroup is made after the fork, while the child starts up.
+            join = (getattr(mgr, "version", 0) == 1 and os.geteuid() == 0 and cfg.ns("cgroup") is None
+                    and cfg.ns("user") is None)
+            if not join:
+                mgr.create()
+                mgr.set(cgroup_resources(cfg))
         else:
             # as runc: an unprivileged runtime that is asked for no resource limits runs the container in its
             # caller's cgroup rather than failing on cgroup directories it may not create
             logutil.debug("rootless: no cgroup for container %s", container_id, container_id=container_id)
-        if mgr is not None:
+        if mgr is not None and not join:
             stages.since(timings, "cgroups", t)
         console_fd = -1
         if console_socket and cfg.process.get("terminal"):
@@ -169,6 +185,8 @@ def _create(root: str, container_id: str, cfg: Config, *, console_socket: str | 
                             cgroup_path=cgroup_path, fifo_fd=fifo_fd, console_fd=console_fd, no_pivot=no_pivot,
                             no_new_keyring=no_new_keyring, preserve_fds=preserve_fds, extra_env=extra_env)
         ctx.stages = timings
+        ctx.cgroup_join = join
+        ctx.cgroup_mgr = mgr
         listener = notify_listener(cfg.linux.get("seccomp"))
         if listener:
             # connected now, while listenerPath is reachable; the init sends on it once its filter is loaded
@@ -200,12 +218,19 @@ def _create(root: str, container_id: str, cfg: Config, *, console_socket: str | 
             ctx.idmap_fd = -1
         procs = _Procs(pid1, mgr)
         undo.callback(procs.kill_all)
+        if join:
+            t = stages.now()
+            mgr.create()
+            mgr.set(cgroup_resources(cfg))
+            stages.since(timings, "cgroups", t)
         init_pid = _drive(ctx, mgr, parent_chan, pid1, procs)
         rec = st.Record(id=container_id, pid=init_pid, pid_start=_start_time(init_pid), bundle=cfg.bundle,
                         rootfs=cfg.rootfs, created=st.now_rfc3339(), cgroup_path=cgroup_path, config=cfg.raw,
                         annotations=dict(cfg.raw.get("annotations") or {}), no_new_keyring=no_new_keyring)
         if unit is not None:
             rec.systemd_unit = unit.name
+        elif mgr is not None and getattr(mgr, "version", 0) == 1:   # the hierarchies found, for the other verbs
+            rec.cgroup_hier = dict(mgr.hier)
         st.save(state_dir, rec)
         if pid_file:
             st.write_pid_file(pid_file, init_pid)
@@ -320,7 +345,7 @@ class _Procs:
 
 def _drive(ctx: CreateContext, mgr: Any, chan: Channel, pid1: int, procs: _Procs) -> int:
     """Runs the parent's side of the sync protocol; returns the init's pid once it reports ready."""
-    if mgr is not None:
+    if mgr is not None and not ctx.cgroup_join:
         t = stages.now()
         mgr.apply(pid1)
         stages.since(ctx.stages, "cgroup_apply", t)

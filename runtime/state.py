@@ -13,7 +13,6 @@ import sys
 TYPE_CHECKING = False  # typing costs ~2 ms to import; mypy treats this name as typing's
 
 from runtime.errors import ContainerExists, ContainerNotFound, InvalidContainerId
-from runtime.fsutil import atomic_write
 
 FORMAT = 1
 STATE_FILE = "state.marshal"
@@ -50,12 +49,13 @@ class Record:
     """What create persists for the other verbs. `config` is the full config.json dict.
     A plain class rather than a dataclass: `dataclasses` imports inspect, too slow for `husk state`."""
     __slots__ = ("id", "pid", "pid_start", "bundle", "rootfs", "created", "cgroup_path", "config", "owner",
-                 "annotations", "no_new_keyring", "version", "systemd_unit")
+                 "annotations", "no_new_keyring", "version", "systemd_unit", "cgroup_hier")
 
     def __init__(self, id: str, pid: int, pid_start: int, bundle: str, rootfs: str, created: str,
                  cgroup_path: str, config: "dict[str, Any]", owner: str = "",
                  annotations: "dict[str, str] | None" = None, no_new_keyring: bool = False,
-                 version: int = FORMAT, systemd_unit: str = "") -> None:
+                 version: int = FORMAT, systemd_unit: str = "",
+                 cgroup_hier: "dict[str, str] | None" = None) -> None:
         self.id = id
         self.pid = pid
         self.pid_start = pid_start          # /proc/<pid>/stat starttime: detects pid reuse
@@ -71,6 +71,9 @@ class Record:
         # set: the cgroup is the transient scope `systemd_unit` (husk --systemd-cgroup); cgroup_path is still its
         # cgroupfs path, which every verb but update and delete uses as is
         self.systemd_unit = systemd_unit
+        # cgroup v1/hybrid: controller -> mount point of its hierarchy as create found them (runc keeps its
+        # cgroup_paths too), so the other verbs need not read /proc/self/mountinfo (ms on a node with many mounts)
+        self.cgroup_hier = cgroup_hier or {}
 
     @property
     def cgroup_driver(self) -> str:
@@ -81,7 +84,7 @@ class Record:
                 "bundle": self.bundle, "rootfs": self.rootfs, "created": self.created,
                 "cgroup_path": self.cgroup_path, "config": self.config, "owner": self.owner,
                 "annotations": self.annotations, "no_new_keyring": self.no_new_keyring,
-                "systemd_unit": self.systemd_unit}
+                "systemd_unit": self.systemd_unit, "cgroup_hier": self.cgroup_hier}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Record":
@@ -89,7 +92,7 @@ class Record:
                    created=d["created"], cgroup_path=d["cgroup_path"], config=d["config"],
                    owner=d.get("owner", ""), annotations=d.get("annotations") or {},
                    no_new_keyring=d.get("no_new_keyring", False), version=d["version"],
-                   systemd_unit=d.get("systemd_unit", ""))
+                   systemd_unit=d.get("systemd_unit", ""), cgroup_hier=d.get("cgroup_hier"))
 
 
 def container_dir(root: str, container_id: str) -> str:
@@ -194,12 +197,14 @@ def load(root: str, container_id: str) -> Record:
 
 def _atomic_write(path: str, data: bytes) -> None:
     # not durable on purpose: the state lives on tmpfs (/run) and dies with the boot, as runc's does
+    from runtime.fsutil import atomic_write   # only create and update write: start/delete/state skip the import
     atomic_write(path, data, mode=0o600, durable=False)
 
 
 def write_pid_file(path: str, pid: int) -> None:
     """runc's way: a temp file next to the target, then rename, so readers never see a partial pid (runc does
     not fsync it either)."""
+    from runtime.fsutil import atomic_write
     atomic_write(os.path.abspath(path), str(pid), mode=0o644, durable=False)
 
 
@@ -235,10 +240,19 @@ def status(root: str, rec: Record) -> str:
     return "running"
 
 
-def _frozen(rec: Record) -> bool:
+def cgroup_manager(rec: Record) -> Any:
+    """The cgroupfs manager of the container's cgroup (runtime.cgroups.manager_for), on v1 with the hierarchies
+    create recorded. Not for update and delete of a --systemd-cgroup container (they go through systemd)."""
+    if rec.cgroup_hier:
+        from runtime.cgroups.v1 import V1Manager
+        return V1Manager(rec.cgroup_path, hier=dict(rec.cgroup_hier))
     from runtime.cgroups import manager_for
+    return manager_for(rec.cgroup_path)
+
+
+def _frozen(rec: Record) -> bool:
     try:
-        return manager_for(rec.cgroup_path).frozen()
+        return cgroup_manager(rec).frozen()
     except OSError:
         return False
 

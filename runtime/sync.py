@@ -7,7 +7,7 @@ Owns only the framing; what each verb means is documented in parent.py.
 from __future__ import annotations
 
 import os
-import struct
+import sys
 
 from runtime.errors import SetupError
 
@@ -19,14 +19,14 @@ class Channel:
 
     def send(self, verb: str, text: str = "") -> None:
         data = (verb + (" " + text if text else "")).encode()
-        os.write(self.wfd, struct.pack("I", len(data)) + data)
+        os.write(self.wfd, len(data).to_bytes(4, sys.byteorder) + data)  # struct "I" without importing struct
 
     def recv(self) -> tuple[str, str]:
         """Returns (verb, text); ("eof", "") once every writer on the other side is gone."""
         head = _read_exact(self.rfd, 4)
         if head is None:
             return "eof", ""
-        (n,) = struct.unpack("I", head)
+        n = int.from_bytes(head, sys.byteorder)
         body = _read_exact(self.rfd, n)
         if body is None:
             return "eof", ""

@@ -283,6 +283,22 @@ def close_range(first: int, last: int = 0xFFFFFFFF, flags: int = 0) -> None:
                          ctypes.c_uint(flags)), "close_range")
 
 
+CLONE_INTO_CGROUP = 0x200000000
+SIGCHLD = 17
+
+
+def fork_into_cgroup(cgroup_fd: int) -> int:
+    """fork(2) whose child starts in the cgroup2 directory `cgroup_fd` (clone3 with CLONE_INTO_CGROUP, Linux
+    5.7+): no write to cgroup.procs, which waits for an RCU grace period. Returns like os.fork; OSError when
+    the kernel (or a seccomp filter) refuses, then nothing was forked. Only for a single-threaded caller about
+    to hand the child to code that does not need CPython's or glibc's fork bookkeeping: the child skips
+    os.fork's at-fork handlers, and glibc keeps the parent's thread id cached in the child (pthread_kill and
+    raise would aim at it; getpid, kill, fork and execve are unaffected)."""
+    args = struct.pack("=11Q", CLONE_INTO_CGROUP, 0, 0, 0, SIGCHLD, 0, 0, 0, 0, 0, cgroup_fd)
+    buf = ctypes.create_string_buffer(args, len(args))
+    return _check(_libc.syscall(SYS_clone3, buf, ctypes.c_size_t(len(args))), "clone3(CLONE_INTO_CGROUP)")
+
+
 def raw_syscall(number: int, *args: object) -> int:
     """For the few callers (seccomp, bpf) that build their own argument structures."""
     return _check(_libc.syscall(number, *args), f"syscall({number})")

@@ -1,11 +1,14 @@
-"""runtime.launcher: the generated `husk` sh script (skips site and the venv's .pth files, and execs the persistent
-protected interpreter of runtime/exeguard.py when it is mounted)."""
+"""runtime.launcher: the generated `husk` launcher (skips site and the venv's .pth files): a script run directly by
+the persistent protected interpreter of runtime/exeguard.py (#!), whose mount point is a runnable copy of the
+interpreter until the first call as root mounts it; or, where a #! line cannot name it, an sh script."""
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from runtime import exeguard, launcher
 
@@ -35,8 +38,11 @@ def test_launcher_runs_fast_path(tmp_path: Path) -> None:
     out = tmp_path / "husk"
     proot = tmp_path / "protected"
     subprocess.run([sys.executable, "-m", "runtime.launcher", str(out), str(proot)], check=True, cwd=TOP)
-    assert out.read_text().startswith("#!/bin/sh\n")
     protected = exeguard.persistent_path(os.path.realpath(sys.executable), str(proot))
+    assert out.read_text().startswith(f"#!{protected} -IS\n")
+    real = os.stat(os.path.realpath(sys.executable))
+    copy = os.stat(protected)   # before any call: a runnable copy, not the interpreter itself
+    assert copy.st_size == real.st_size and copy.st_mode & 0o111 and copy.st_ino != real.st_ino
     try:
         cp = subprocess.run([str(out), "--root", str(tmp_path / "r"), "state", "nope"], capture_output=True,
                             text=True)
@@ -47,3 +53,41 @@ def test_launcher_runs_fast_path(tmp_path: Path) -> None:
         if os.geteuid() == 0:  # as root the first call made the persistent protected interpreter
             exeguard.remove_persistent(protected)
     assert not os.path.exists(os.path.dirname(os.path.dirname(protected)))
+
+
+def test_render_direct_is_a_script_for_the_protected_interpreter() -> None:
+    text = launcher.render("/venv/bin/python", "/src", ["/venv/lib/site-packages"], "/usr/bin/python3.11",
+                           "/venv/husk-interpreter/x/bin/python", direct=True)
+    first, rest = text.split("\n", 1)
+    assert first == "#!/venv/husk-interpreter/x/bin/python -IS"
+    assert 'launch("/usr/bin/python3.11","/venv/husk-interpreter/x/bin/python")' in rest
+    compile(rest, "launcher", "exec")
+
+
+def test_render_falls_back_to_sh_where_a_shebang_cannot_name_the_interpreter() -> None:
+    for protected in ("/a dir/x/bin/python", "/" + "d" * 300 + "/bin/python"):
+        text = launcher.render("/venv/bin/python", "/src", [], "/usr/bin/python3.11", protected, direct=True)
+        assert text.startswith("#!/bin/sh\n"), protected
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting the protected interpreter needs root")
+def test_launcher_works_before_and_after_the_mount_goes(tmp_path: Path) -> None:
+    """A reboot leaves the launcher and the copy but no mount: the copy runs and the call mounts again."""
+    from runtime.mountinfo import mount_at, read
+    from runtime.linux import syscalls as sc
+    out, proot = tmp_path / "husk", tmp_path / "protected"
+    subprocess.run([sys.executable, "-m", "runtime.launcher", str(out), str(proot)], check=True, cwd=TOP)
+    real = os.path.realpath(sys.executable)
+    protected = exeguard.persistent_path(real, str(proot))
+    state = [str(out), "--root", str(tmp_path / "r"), "state", "nope"]
+    try:
+        assert "does not exist" in subprocess.run(state, capture_output=True, text=True).stderr
+        assert exeguard.persistent_ok(protected, real)
+        for p in (protected, os.path.dirname(os.path.dirname(protected))):
+            while mount_at(p, read()) is not None:
+                sc.umount2(p, sc.MNT_DETACH)
+        assert not exeguard.persistent_ok(protected, real)
+        assert "does not exist" in subprocess.run(state, capture_output=True, text=True).stderr
+        assert exeguard.persistent_ok(protected, real)
+    finally:
+        exeguard.remove_persistent(protected)
