@@ -58,8 +58,9 @@ class ImageService:
     def __init__(self, root: str, registry_config_dir: str | None = None, *, snapshot_mode: str = "auto",
                  applier: str = "gnutar", platform: str | mf.Platform | None = None,
                  max_concurrent_downloads: int = 3, plain_http: bool = False, retries: int = 3,
-                 retry_backoff: float = 0.25, stream_unpack: bool = True) -> None:
-        self.root = os.path.join(os.path.abspath(root), IMAGES_DIR)
+                 retry_backoff: float = 0.25, stream_unpack: bool = True, pull_worker: bool = False) -> None:
+        self.base_root = os.path.abspath(root)
+        self.root = os.path.join(self.base_root, IMAGES_DIR)
         os.makedirs(self.root, mode=0o711, exist_ok=True)
         self.registry_config_dir = registry_config_dir
         self.db = MetadataDB(os.path.join(self.root, "meta.db"))
@@ -77,6 +78,11 @@ class ImageService:
         self.retries = retries
         self.retry_backoff = retry_backoff
         self.gc_lock_path = os.path.join(self.root, "gc.lock")
+        # husk-cri pulls in a worker process (pullworker.py) so that it never imports the registry client
+        self.pull_worker = pull_worker
+        self._worker_options = {"snapshot_mode": snapshot_mode, "applier": applier,
+                                "max_concurrent_downloads": max_concurrent_downloads, "plain_http": plain_http,
+                                "retries": retries, "retry_backoff": retry_backoff, "stream_unpack": stream_unpack}
         self._session: aiohttp.ClientSession | None = None
         self._pulls: dict[tuple[str, str, AuthConfig | None, bool | None], _SharedPull] = {}
         self._cache_version: tuple[int, int] | None = None
@@ -86,9 +92,14 @@ class ImageService:
         self._gc_task: asyncio.Task[gcmod.GCResult] | None = None
         self._gc_retry: asyncio.TimerHandle | None = None
         self._closed = False
+        self._worker_pulls: set[asyncio.Task[ImageRecord]] = set()
 
     async def close(self) -> None:
         self._closed = True
+        if self._worker_pulls:  # husk-cri stopping: each worker cancels its pull and cleans up
+            for t in self._worker_pulls:
+                t.cancel()
+            await asyncio.gather(*self._worker_pulls, return_exceptions=True)
         if self._gc_retry is not None:
             self._gc_retry.cancel()
             self._gc_retry = None
@@ -195,6 +206,8 @@ class ImageService:
 
     async def _pull(self, ref: Reference, auth: AuthConfig | None, plat: mf.Platform,
                     progress: ProgressCallback | None, plain_http: bool | None) -> ImageRecord:
+        if self.pull_worker and progress is None:
+            return await self._pull_in_worker(ref, auth, plat, plain_http)
         t0 = time.monotonic()
         try:
             async with alock(self.gc_lock_path, shared=True):
@@ -209,6 +222,36 @@ class ImageService:
         log.info("pulled %s as %s in %.2fs", ref, row.id, time.monotonic() - t0)
         self._after_write()
         return self.resolve(row.id)
+
+    async def _pull_in_worker(self, ref: Reference, auth: AuthConfig | None, plat: mf.Platform,
+                              plain_http: bool | None) -> ImageRecord:
+        """The pull done by a worker process on the same root (pullworker.py); the metrics hooks and the records
+        are this process's: the image is read back from meta.db."""
+        from . import pull as pullmod
+        from . import pullworker
+        t0 = time.monotonic()
+        task = asyncio.current_task()
+        if pullmod.on_pull is not None and task is not None:
+            pullmod.on_pull(task, t0)
+        if task is not None:
+            self._worker_pulls.add(task)  # type: ignore[arg-type]
+        try:
+            res = await pullworker.run(str(ref), auth, plat, plain_http, self.base_root, self.registry_config_dir,
+                                       self._worker_options)
+        except NoSpace:
+            # the worker collected what it could; one here too, retried after pulls that held the lock
+            self._gc_pending = True
+            if not self._closed:
+                self._schedule_gc()
+            raise
+        finally:
+            self._worker_pulls.discard(task)  # type: ignore[arg-type]
+        if res.fetched and pullmod.on_fetched is not None:
+            pullmod.on_fetched(res.fetched)
+        log.info("pulled %s as %s in %.2fs (in a worker: %.2fs pulling, %d bytes fetched)", ref, res.image_id,
+                 time.monotonic() - t0, res.seconds, res.fetched, extra={"pull": res.pull_id})
+        self._after_write()
+        return self.resolve(res.image_id)
 
     async def _no_space(self, e: BaseException, what: str) -> NoSpace:
         """The NoSpace (RESOURCE_EXHAUSTED) for a full disk met anywhere (a download, tar, a snapshot, meta.db),

@@ -1,7 +1,8 @@
 """Image benchmarks (run as root; loopback only).
 
   pull    time to pull and unpack the ~100 MB multi-layer test image from a local docker-registry: husk
-          (`husk-cri images pull` as a process, and ImageService.pull in-process) side by side with a private
+          (`husk-cri images pull` as a process, ImageService.pull in-process, and ImageService.pull in a worker
+          process as husk-cri pulls: images/pullworker.py) side by side with a private
           containerd (`ctr images pull --plain-http`), interleaved, content removed between runs.
   unpack  GNU tar (+ checking scanner and whiteout pass) vs the tarfile applier on the same image's layers.
 
@@ -62,9 +63,9 @@ def _timed(cmd: list[str], env: dict[str, str] | None = None, cwd: str | None = 
     return dt
 
 
-async def _inprocess_pull(root: str, ref: str, applier: str) -> float:
+async def _inprocess_pull(root: str, ref: str, applier: str, worker: bool = False) -> float:
     from cri_server.images.service import ImageService
-    svc = ImageService(root, None, plain_http=True, applier=applier)
+    svc = ImageService(root, None, plain_http=True, applier=applier, pull_worker=worker)
     try:
         t0 = time.monotonic()
         await svc.pull(ref)
@@ -85,7 +86,7 @@ def cmd_pull(a: argparse.Namespace) -> dict:  # type: ignore[type-arg]
     reg = LocalRegistry(os.path.join(work, "registry"))
     ctd = Containerd(os.path.join(work, "ctd"))
     os.makedirs(ctd.d)
-    res: dict[str, list[float]] = {"containerd": [], "husk_cli": [], "husk_inprocess": []}
+    res: dict[str, list[float]] = {"containerd": [], "husk_cli": [], "husk_inprocess": [], "husk_worker": []}
     try:
         os.makedirs(reg.workdir)
         reg.start()
@@ -112,12 +113,16 @@ def cmd_pull(a: argparse.Namespace) -> dict:  # type: ignore[type-arg]
             _timed(husk + ["rm", ref, "--root", hroot, "--registry-config-dir", ""], env=env, cwd=work)
             os.sync()
             t_in = asyncio.run(_inprocess_pull(os.path.join(work, "husk-root-inproc"), ref, a.applier))
+            os.sync()
+            t_w = asyncio.run(_inprocess_pull(os.path.join(work, "husk-root-worker"), ref, a.applier, True))
             tag = "warm-up" if i < a.warmup else f"run {i - a.warmup + 1}"
-            log(f"{tag}: containerd {t_ctd:.2f}s  husk cli {t_cli:.2f}s  husk in-process {t_in:.2f}s")
+            log(f"{tag}: containerd {t_ctd:.2f}s  husk cli {t_cli:.2f}s  husk in-process {t_in:.2f}s  "
+                f"husk worker {t_w:.2f}s")
             if i >= a.warmup:
                 res["containerd"].append(t_ctd)
                 res["husk_cli"].append(t_cli)
                 res["husk_inprocess"].append(t_in)
+                res["husk_worker"].append(t_w)
         left = ctd.ctr("content", "ls", "-q").stdout.split()
         if left:
             log(f"note: containerd kept {len(left)} blobs after rm --sync")
