@@ -29,6 +29,7 @@ from .snapshots import Mount, Snapshotter, Usage, disk_usage, mount_all, unmount
 if TYPE_CHECKING:
     import aiohttp
 
+    from . import pullworker
     from .registry import RegistryClient
 
 log = logging.getLogger(__name__)
@@ -93,6 +94,7 @@ class ImageService:
         self._gc_retry: asyncio.TimerHandle | None = None
         self._closed = False
         self._worker_pulls: set[asyncio.Task[ImageRecord]] = set()
+        self._worker_pool: pullworker.WorkerPool | None = None   # idle workers, kept IDLE_S after a pull
 
     async def close(self) -> None:
         self._closed = True
@@ -100,6 +102,8 @@ class ImageService:
             for t in self._worker_pulls:
                 t.cancel()
             await asyncio.gather(*self._worker_pulls, return_exceptions=True)
+        if self._worker_pool is not None:
+            await self._worker_pool.close()
         if self._gc_retry is not None:
             self._gc_retry.cancel()
             self._gc_retry = None
@@ -236,8 +240,10 @@ class ImageService:
         if task is not None:
             self._worker_pulls.add(task)  # type: ignore[arg-type]
         try:
+            if self._worker_pool is None:
+                self._worker_pool = pullworker.WorkerPool()
             res = await pullworker.run(str(ref), auth, plat, plain_http, self.base_root, self.registry_config_dir,
-                                       self._worker_options)
+                                       self._worker_options, pool=self._worker_pool)
         except NoSpace:
             # the worker collected what it could; one here too, retried after pulls that held the lock
             self._gc_pending = True
@@ -248,8 +254,9 @@ class ImageService:
             self._worker_pulls.discard(task)  # type: ignore[arg-type]
         if res.fetched and pullmod.on_fetched is not None:
             pullmod.on_fetched(res.fetched)
-        log.info("pulled %s as %s in %.2fs (in a worker: %.2fs pulling, %d bytes fetched)", ref, res.image_id,
-                 time.monotonic() - t0, res.seconds, res.fetched, extra={"pull": res.pull_id})
+        log.info("pulled %s as %s in %.2fs (in worker %d, pull %d: %.2fs pulling, %d bytes fetched)", ref,
+                 res.image_id, time.monotonic() - t0, res.pid, res.served, res.seconds, res.fetched,
+                 extra={"pull": res.pull_id})
         self._after_write()
         return self.resolve(res.image_id)
 

@@ -1,7 +1,9 @@
 """Pulls in a worker process (ImageService(pull_worker=True), what husk-cri uses; images/pullworker.py): the same
 records, errors (class and message) and metrics hooks as in-process; concurrent pulls of one reference share one
 worker; a cancelled pull or a closing service stops its worker and leaves no image; the worker dies with its
-parent; the process that asked never imports the registry client (aiohttp)."""
+parent; the process that asked never imports the registry client (aiohttp). A worker is kept IDLE_S after
+a pull: the next pull uses it (no imports again); it ends after the idle time or at close(); a cancelled pull's
+worker is not reused; one that died idle is replaced."""
 from __future__ import annotations
 
 import asyncio
@@ -54,7 +56,7 @@ def _gone(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] in "ZX"
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):   # ESRCH: reaped while read
         return True
 
 
@@ -181,6 +183,77 @@ def test_the_worker_dies_with_its_parent(tmp_path, hanging):
             parent.kill()
             parent.wait()
 
+
+
+@pytest.fixture
+def results(monkeypatch) -> list[pullworker.WorkerResult]:  # type: ignore[no-untyped-def]
+    """The WorkerResult of each pull through ImageService, in order."""
+    got: list[pullworker.WorkerResult] = []
+    real_run = pullworker.run
+
+    async def recording_run(*a, **kw):  # type: ignore[no-untyped-def]
+        res = await real_run(*a, **kw)
+        got.append(res)
+        return res
+    monkeypatch.setattr(pullworker, "run", recording_run)
+    return got
+
+
+def test_the_idle_worker_serves_the_next_pull_then_ends(tmp_path, certs_dir, registry, monkeypatch, results):
+    monkeypatch.setattr(pullworker, "IDLE_S", 120.0)
+
+    async def main():
+        svc = _svc(tmp_path, certs_dir)
+        try:
+            rec = await svc.pull("busybox")
+            (pid,) = _workers(os.getpid())      # idle, kept
+            assert (await svc.pull("busybox")).id == rec.id
+            assert [(r.pid, r.served, r.loaded) for r in results] == [(pid, 1, True), (pid, 2, False)]
+            assert results[1].fetched == 0
+            # the idle time is read when a worker becomes idle: after this pull it ends on its own
+            monkeypatch.setattr(pullworker, "IDLE_S", 0.1)
+            await svc.pull(LAYERED)
+            assert results[-1].pid == pid
+            await wait_for_async(lambda: _gone(pid) and not _workers(os.getpid()), 30,
+                                 f"the idle pull worker {pid} to end")
+            monkeypatch.setattr(pullworker, "IDLE_S", 120.0)
+            await svc.pull("busybox")
+            assert results[-1].pid != pid and results[-1].served == 1 and results[-1].loaded
+            (pid,) = _workers(os.getpid())
+        finally:
+            await svc.close()
+        assert _gone(pid)                       # close() ended the idle worker
+    run(main())
+
+
+def test_cancelled_and_dead_workers_are_not_reused(tmp_path, certs_dir, registry, hanging, monkeypatch,
+                                                   results):
+    monkeypatch.setattr(pullworker, "IDLE_S", 120.0)
+
+    async def main():
+        svc = _svc(tmp_path, certs_dir)
+        try:
+            await svc.pull("busybox")
+            (pid,) = _workers(os.getpid())
+            task = asyncio.ensure_future(svc.pull(HANG))    # takes the idle worker, which hangs
+            await wait_for_async(lambda: not svc._worker_pool.idle_pids(), 30, "the idle worker to be taken")
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            await wait_for_async(lambda: _gone(pid) and not svc._worker_pulls, 30, f"the pull worker {pid} to end")
+            await svc.pull("busybox")
+            assert results[-1].pid != pid and results[-1].served == 1
+            # an idle worker killed (OOM killer, crash): the next pull gets a new one
+            (pid,) = _workers(os.getpid())
+            os.kill(pid, signal.SIGKILL)
+            await wait_for_async(lambda: _gone(pid), 30, f"the pull worker {pid} to die")
+            await svc.pull("busybox")
+            assert results[-1].pid != pid and results[-1].served == 1
+            assert svc._worker_pool.idle_pids() == [results[-1].pid]
+        finally:
+            await svc.close()
+        assert not _workers(os.getpid())
+    run(main())
 
 _MODULES = """
 import asyncio, json, sys
