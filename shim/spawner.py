@@ -1,13 +1,15 @@
 """The spawner (zygote): a single-threaded process started by husk-cri before any gRPC thread exists, with
-runtime/ and shim/ imported, one shim run dry in it (`_warm_up`), pymalloc's free blocks taken
-(`_fill_pool_holes`) and everything gc-frozen; it forks every shim (double fork + setsid: shims outlive husk-cri).
+runtime/ and shim/ imported, one shim run dry in it (`_warm_up`, twice: the code it runs is packed on few pages
+in between, `_warm_up_packed`), pymalloc's free blocks taken (`_fill_pool_holes`) and everything gc-frozen;
+it forks every shim (double fork + setsid: shims outlive husk-cri).
 
 It is a fresh interpreter (fork + exec of `python -I -S`, from the protected interpreter when husk-cri runs
 from it), not a plain fork of husk-cri: a fork would carry husk-cri's whole heap (click, its config, logging...)
 into every shim, where the objects a shim touches lie scattered among them. Measured with 20 pods (shim/README.md,
 "memory"): 15.3 MB RSS and 3.5 MB PSS per shim instead of 20.2 MB and 3.9 MB.
 
-Protocol on a SOCK_SEQPACKET socketpair, one JSON object per packet:
+Protocol on a SOCK_SEQPACKET socketpair, one `marshal`-encoded dict per packet (marshal runs no Python code:
+JSON's decoder and encoder wrote ~20 pages of the zygote per spawn, each a private page of the shim before):
   request  {"cfg": {ShimConfig fields}, "log_path": str, "debug": bool}
   response {"pid": int, "address": "unix://..."} or {"error": str}
 The zygote exits when husk-cri closes its end. It must never start threads (it forks).
@@ -15,7 +17,7 @@ The zygote exits when husk-cri closes its end. It must never start threads (it f
 from __future__ import annotations
 
 import gc
-import json
+import marshal
 import os
 import signal
 import socket
@@ -84,7 +86,7 @@ class Spawner:
         d = cfg.as_dict()
         if d["allowed_uids"] is not None:
             d["allowed_uids"] = list(d["allowed_uids"])
-        req = json.dumps({"cfg": d, "log_path": log_path, "debug": debug}).encode()
+        req = marshal.dumps({"cfg": d, "log_path": log_path, "debug": debug})
         with self._lock:
             self._sock.settimeout(timeout)
             try:
@@ -94,7 +96,7 @@ class Spawner:
                 raise SpawnError(f"spawner: {err}") from err
         if not data:
             raise SpawnError("spawner exited")
-        resp = json.loads(data)
+        resp = marshal.loads(data)
         if "error" in resp:
             raise SpawnError(resp["error"])
         return Spawned(int(resp["pid"]), resp["address"])
@@ -161,10 +163,8 @@ def _zygote_main(chan: socket.socket, preload: tuple[str, ...] = ()) -> int:
     os.closerange(3, keep)
     os.closerange(keep + 1, 1 << 16)
     _preload(preload)
-    _warm_up()
-    gc.collect()
     global _FILLER
-    _FILLER = _fill_pool_holes()
+    _FILLER = _warm_up_packed()
     gc.freeze()
     while True:
         try:
@@ -176,11 +176,11 @@ def _zygote_main(chan: socket.socket, preload: tuple[str, ...] = ()) -> int:
         if not data:
             return 0  # husk-cri closed its end (stopped, or died): the zygote's work is over
         try:
-            resp = _spawn_one(json.loads(data), chan)
+            resp = _spawn_one(marshal.loads(data), chan)
         except Exception as err:  # every failure is an answer, never the zygote's end
             resp = {"error": f"{type(err).__name__}: {err}"}
         try:
-            chan.send(json.dumps(resp).encode())
+            chan.send(marshal.dumps(resp))
         except (BrokenPipeError, ConnectionResetError):
             # husk-cri went away mid-spawn (killed, or stopped while a container was being created): one line,
             # no traceback. The shim started for it (if any) keeps running, as every shim outlives husk-cri.
@@ -525,8 +525,132 @@ def _warm_client(cfg: ShimConfig, log_path: str) -> None:
 _FILLER: list[object] | None = None
 
 
-def _fill_pool_holes() -> list[object]:
-    """Takes every free block of pymalloc's used pools (sizes from sys._debugmallocstats()), twice (the first
+def _warm_up_packed() -> list[object]:
+    """The dry run twice, then the pools' holes filled (returns the blocks to keep). The first run goes under a
+    profile hook that notes each code object it runs: those (~230, ~120 kB, over ~150 pages among code no shim
+    runs) are then copied next to each other into fresh pools, with the functions that run them (`_pack_code`),
+    and the second run warms the copies up. A shim writes into the code it runs (warm-up and specialization
+    counters; a call raises the code's and the function's reference counts): those writes now land on ~60
+    pages instead of ~150 (shim/README.md, "Memory")."""
+    seen: dict[int, object] = {}
+
+    def note(frame: object, event: str, arg: object) -> None:
+        if event == "call":
+            seen.setdefault(id(frame.f_code), frame.f_code)    # type: ignore[attr-defined]
+
+    sys.setprofile(note)
+    try:
+        warmed = _warm_up()
+    finally:
+        sys.setprofile(None)
+    gc.collect()
+    codes = list(seen.values())
+    seen.clear()
+    if not warmed or not codes:
+        return _fill_pool_holes()
+    # Fresh pools for the copies: the size classes of code objects first (larger ones are malloc's).
+    keep = _fill_pool_holes(min(sys.getsizeof(c) for c in codes) // 16 * 16)
+    _pack_code(codes)
+    del codes
+    _warm_up()
+    gc.collect()
+    return keep + _fill_pool_holes()
+
+
+def _pack_code(codes: list) -> int:
+    """Copies `codes` one after the other (a nested code constant before its parent) and points every function
+    that runs one of them at its copy; then moves those functions (`_pack_functions`). Returns how many
+    functions were moved."""
+    import types
+    hot = {id(c): c for c in codes}
+    copies: dict[int, types.CodeType] = {}
+
+    def copy(c: types.CodeType) -> types.CodeType:
+        n = copies.get(id(c))
+        if n is None:
+            consts = tuple(copy(k) if id(k) in hot else k for k in c.co_consts)
+            same = all(a is b for a, b in zip(consts, c.co_consts))
+            n = copies[id(c)] = c.replace() if same else c.replace(co_consts=consts)
+        return n
+
+    for c in codes:
+        c.co_code   # made (and cached on the original) now: no temporary bytes between the copies
+    for c in codes:
+        copy(c)
+    funcs = []
+    for f in gc.get_objects():
+        if type(f) is types.FunctionType:
+            n = copies.get(id(f.__code__))
+            if n is not None:
+                f.__code__ = n
+                funcs.append(f)
+    return _pack_functions(funcs)
+
+
+def _pack_functions(funcs: list) -> int:
+    """Copies, one after the other, those of `funcs` that nothing but module and class dicts refer to (counted
+    against their reference counts), and puts the copies in those dicts. Returns how many were moved."""
+    import types
+    want = {id(f): f for f in funcs}
+    holders: dict[int, tuple[object, dict]] = {}
+    for m in list(sys.modules.values()):
+        d = getattr(m, "__dict__", None)
+        if type(d) is dict:
+            holders[id(d)] = (m, d)
+    for t in gc.get_objects():
+        if isinstance(t, type):
+            holders[id(t)] = (t, t.__dict__)    # type: ignore[assignment]
+    where: dict[int, list[tuple[object, str]]] = {}
+    for owner, d in holders.values():
+        for k, v in d.items():
+            if want.get(id(v)) is v:
+                where.setdefault(id(v), []).append((owner, k))
+    holders.clear()
+    # A function's references here: the loop's name, `funcs`, `want` and getrefcount's argument (the probe's
+    # count also has `probe`); any more than its holders' and something else refers to it: left where it is.
+    probe = types.FunctionType(_pack_functions.__code__, {})
+    funcs.append(probe)
+    want[id(probe)] = probe
+    base = 0
+    for f in funcs:
+        if f is probe:
+            base = sys.getrefcount(f) - 1
+    movable = []
+    for f in funcs:
+        refs = where.get(id(f), ())
+        if f is not probe and refs and sys.getrefcount(f) - base == len(refs):
+            movable.append(f)
+    del f, probe
+    funcs.clear()
+    want.clear()
+    copies = []
+    for f in movable:
+        n = types.FunctionType(f.__code__, f.__globals__, f.__name__, f.__defaults__, f.__closure__)
+        n.__kwdefaults__ = f.__kwdefaults__
+        n.__qualname__ = f.__qualname__
+        n.__module__ = f.__module__
+        n.__doc__ = f.__doc__
+        if f.__dict__:
+            n.__dict__.update(f.__dict__)
+        copies.append(n)
+    moved = 0
+    for f, n in zip(movable, copies):
+        n.__annotations__ = f.__annotations__
+        done: list[tuple[object, str]] = []
+        try:
+            for owner, k in where[id(f)]:
+                setattr(owner, k, n)
+                done.append((owner, k))
+            moved += 1
+        except (AttributeError, TypeError):     # a holder that refuses it: the original stays everywhere
+            for owner, k in done:
+                setattr(owner, k, f)
+    return moved
+
+
+def _fill_pool_holes(min_size: int = 0) -> list[object]:
+    """Takes every free block of pymalloc's used pools (sizes from sys._debugmallocstats(); of `min_size` bytes
+    or more), twice (the first
     pass's own garbage leaves a few). A shim's new objects then go to fresh pools of its own instead of into
     free blocks scattered over pages it shares with the zygote, each of which its first allocation would copy.
     Costs the zygote ~0.3-0.5 MB (shared, not per shim). A no-op when the stats cannot be read (PYTHONMALLOC)."""
@@ -534,7 +658,8 @@ def _fill_pool_holes() -> list[object]:
     for _ in range(2):
         avail = _pool_free_blocks()
         for size, n in avail.items():
-            keep.extend(_block(size, i) for i in range(n))
+            if size >= min_size:
+                keep.extend(_block(size, i) for i in range(n))
     return keep
 
 

@@ -10,12 +10,12 @@ import sys
 # close the channel at once, as a husk-cri killed mid-spawn does. The zygote is still importing its modules when
 # the channel closes (tens of ms), so it reads the queued request and then answers a peer that is gone.
 HARNESS = r"""
-import json, os, sys
+import marshal, os, sys
 sys.path.insert(0, sys.argv[1])
 from shim.spawner import Spawner
 sp = Spawner()
 sp.start()
-sp._sock.send(json.dumps({"cfg": {"id": "gone"}, "log_path": "", "debug": False}).encode())
+sp._sock.send(marshal.dumps({"cfg": {"id": "gone"}, "log_path": "", "debug": False}))
 sp._sock.close()
 sp._sock = None
 _pid, status = os.waitpid(sp.pid, 0)
