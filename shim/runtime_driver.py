@@ -106,17 +106,8 @@ class BinaryRuntime(RuntimeDriver):
             os.close(devnull)
             if in_r >= 0:
                 os.close(in_r)
-        chunks = []
-        try:
-            while True:
-                b = os.read(out_r, 65536)
-                if not b:
-                    break
-                chunks.append(b)
-        finally:
-            os.close(out_r)
+        output = _read_to_end(out_r)
         _, status = os.waitpid(pid, 0)
-        output = b"".join(chunks)
         if os.waitstatus_to_exitcode(status) != 0:
             msg = _last_log_error(self.log_path, start_size) or output.decode(errors="replace").strip()
             raise RuntimeFailure(op, container_id, msg or f"{self.name} exited with status {status}",
@@ -276,6 +267,19 @@ class InProcessRuntime(RuntimeDriver):
         return [int(p) for p in self._call("ps", container_id, fn, self.opts.root, container_id)]
 
 
+def _read_to_end(fd: int) -> bytes:
+    """Everything readable from `fd` until EOF (the writers closed it); closes it."""
+    chunks = []
+    try:
+        while True:
+            b = os.read(fd, 65536)
+            if not b:
+                return b"".join(chunks)
+            chunks.append(b)
+    finally:
+        os.close(fd)
+
+
 def call_in_child(op: str, container_id: str, fn: Any, *args: Any) -> bytes:
     """fn(*args) in a forked child of the shim; the bytes it returns (or b"" for None) come back over a pipe.
     RuntimeFailure when fn raised (its type and text) or the child died.
@@ -304,17 +308,10 @@ def call_in_child(op: str, container_id: str, fn: Any, *args: Any) -> bytes:
         finally:
             os._exit(code)
     os.close(wfd)
-    chunks = []
     try:
-        while True:
-            b = os.read(r, 65536)
-            if not b:
-                break
-            chunks.append(b)
+        data = _read_to_end(r)
     finally:
-        os.close(r)
         status = os.waitpid(pid, 0)[1]     # reaped here, never by the loop's reaper
-    data = b"".join(chunks)
     if status == 0 and data[:1] == b"\1":
         return data[1:]
     kind, _, msg = data[1:].decode(errors="replace").partition("\0")

@@ -2,6 +2,15 @@
 from __future__ import annotations
 
 
+def alive(pid: int) -> bool:
+    """Whether `pid` exists and is neither a zombie nor dead (a zombie's /proc entry stays until it is reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except (OSError, IndexError):
+        return False
+
+
 def comm(pid: int) -> str:
     """The process name (PR_SET_NAME, at most 15 bytes): what `pgrep -x` matches."""
     with open(f"/proc/{pid}/comm") as f:

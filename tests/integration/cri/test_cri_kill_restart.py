@@ -43,12 +43,6 @@ def _info(rt, cid) -> dict:
     return json.loads(resp.info["info"])
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
-    except (OSError, IndexError):
-        return False
 
 
 def _blocked_outside_its_loop(shim_pid: int):
@@ -86,7 +80,7 @@ def _kill_during_start(cri, rt, cid: str) -> int:
 
 def _assert_consistent(rt, cid: str, pid: int) -> pb.ContainerStatus:
     st = status(rt, cid)
-    if _alive(pid):
+    if procfs.alive(pid):
         assert st.state == pb.CONTAINER_RUNNING, st
         assert st.started_at >= st.created_at > 0, st
     else:
@@ -115,10 +109,10 @@ def test_killed_during_start_the_process_runs_and_is_reported_running(cri):
     with pytest.raises(grpc.RpcError) as e:
         rt.StartContainer(pb.StartContainerRequest(container_id=cid), timeout=60)
     assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "running" in e.value.details()
-    assert _alive(pid) and status(rt, cid).state == pb.CONTAINER_RUNNING
+    assert procfs.alive(pid) and status(rt, cid).state == pb.CONTAINER_RUNNING
     rt.StopContainer(pb.StopContainerRequest(container_id=cid, timeout=0), timeout=60)
     assert wait_exited(rt, cid).exit_code == 137
-    assert not _alive(pid)
+    assert not procfs.alive(pid)
     _remove_pod(rt, cri, pod_id)
 
 
@@ -126,7 +120,7 @@ def test_killed_during_start_the_process_exits_while_husk_cri_is_away(cri):
     rt, pod, pod_id = _setup(cri)
     cid = _create(rt, pod_id, pod, "quick", ["sh", "-c", "exit 3"])
     pid = _kill_during_start(cri, rt, cid)
-    wait_for(lambda: not _alive(pid), 30, "the container's process to exit")
+    wait_for(lambda: not procfs.alive(pid), 30, "the container's process to exit")
     cri.start()
     rt = cri.runtime_stub()
     st = _assert_consistent(rt, cid, pid)
@@ -157,7 +151,7 @@ def test_shims_gone_while_husk_cri_is_away(cri):
     rt = cri.runtime_stub()
     st = status(rt, cid)
     assert (st.state, st.exit_code, st.reason) == (pb.CONTAINER_EXITED, 255, "Unknown"), st
-    assert not _alive(pid) and not _alive(pause)
+    assert not procfs.alive(pid) and not procfs.alive(pause)
     ps = rt.PodSandboxStatus(pb.PodSandboxStatusRequest(pod_sandbox_id=pod_id), timeout=30).status
     assert ps.state == pb.SANDBOX_NOTREADY
     _remove_pod(rt, cri, pod_id)

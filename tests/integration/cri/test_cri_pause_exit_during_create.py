@@ -24,16 +24,11 @@ from shim import exitfile
 from tests.integration.cri.conftest import BUSYBOX
 from tests.integration.cri.helpers import (container_config, nothing_left, pod_config, run_pod, shim_queues, status,
                                            wait_for)
+from tests.support import procfs
 
 pytestmark = [pytest.mark.root]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
-    except (OSError, IndexError):
-        return False
 
 
 def _sandbox_info(rt, pod_id: str) -> dict:
@@ -108,7 +103,7 @@ def test_container_created_in_the_shim_of_a_pod_whose_pause_exited(cri):
     assert status(rt, cid).state == pb.CONTAINER_CREATED
     c_info = json.loads(rt.ContainerStatus(pb.ContainerStatusRequest(container_id=cid, verbose=True),
                                            timeout=30).info["info"])
-    assert c_info["shimAddress"] == info["shimAddress"] and _alive(int(info["shim_pid"]))
+    assert c_info["shimAddress"] == info["shimAddress"] and procfs.alive(int(info["shim_pid"]))
     _remove_pod_and_check(cri, rt, pod_id)
 
 
@@ -119,5 +114,5 @@ def test_create_fails_cleanly_when_the_pause_exited(cri):
     assert isinstance(fut.exception(timeout=60), grpc.RpcError)
     _assert_sandbox_exited_137(rt, pod_id)
     assert not rt.ListContainers(pb.ListContainersRequest(), timeout=30).containers
-    wait_for(lambda: not _alive(shim_pid), 30, "the pod's shim to end with its last task")
+    wait_for(lambda: not procfs.alive(shim_pid), 30, "the pod's shim to end with its last task")
     _remove_pod_and_check(cri, rt, pod_id)

@@ -31,12 +31,6 @@ pytestmark = [pytest.mark.root]
 S = task_types.Status
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
-    except (OSError, IndexError):
-        return False
 
 
 def _opts(**fields) -> google.Any:
@@ -113,7 +107,7 @@ def test_one_shim_serves_several_tasks(tmp_path, shim):
             cl.State(id=b)
         assert e.value.code == w.NOT_FOUND
         cl.Shutdown(id=b)                                     # tasks left: the shim stays
-        assert cl.State(id=shim.cid).status == S.RUNNING and _alive(pid_a)
+        assert cl.State(id=shim.cid).status == S.RUNNING and procfs.alive(pid_a)
         shim.proc.send_signal(signal.SIGTERM)                 # ignored: a task runs
         cl.Kill(id=shim.cid, signal=signal.SIGKILL)
         assert cl.Wait(id=shim.cid, timeout=30).exit_status == 137
@@ -179,10 +173,10 @@ def test_containerd_start_joins_the_sandbox_shim(tmp_path, monkeypatch):
         cl.Wait(id=sb, timeout=30)
         cl.Delete(id=sb)
         cl.Shutdown(id=sb)
-        wait_for(lambda: not _alive(shim_pid), 10, "the shim to exit")
+        wait_for(lambda: not procfs.alive(shim_pid), 10, "the shim to exit")
     finally:
         cl.close()
-        if _alive(shim_pid):
+        if procfs.alive(shim_pid):
             os.kill(shim_pid, signal.SIGKILL)
         for cid in (sb, c):
             _force_delete(runtime, os.path.join(root, "hgrp"), cid)
@@ -300,7 +294,7 @@ def test_pod_containers_run_in_the_sandbox_shim(cri):
     assert wait_exited(rt, one).exit_code == 137
     rt.RemoveContainer(pb.RemoveContainerRequest(container_id=one), timeout=60)
     assert not os.path.exists(os.path.join(cri.state, "shims", one))
-    assert _alive(shim_pid) and status(rt, two).state == pb.CONTAINER_RUNNING
+    assert procfs.alive(shim_pid) and status(rt, two).state == pb.CONTAINER_RUNNING
     assert exec_sync(rt, two, ["true"]).exit_code == 0
     # husk-cri restarts: the grouped tasks are found again through the one shim
     cri.kill9()
@@ -311,7 +305,7 @@ def test_pod_containers_run_in_the_sandbox_shim(cri):
     assert cri.shim_pids() == [shim_pid]
     # the pod stops: the shim ends with its last task
     rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=pod_id), timeout=60)
-    assert not _alive(shim_pid)
+    assert not procfs.alive(shim_pid)
     assert wait_exited(rt, two).exit_code == 137
     rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=pod_id), timeout=60)
     nothing_left(cri)
@@ -335,9 +329,9 @@ def test_a_killed_pod_shim_takes_only_its_pod(cri):
     assert (st.exit_code, st.reason) == (255, "Unknown"), st
     wait_for(lambda: rt.PodSandboxStatus(pb.PodSandboxStatusRequest(pod_sandbox_id=victim_pod), timeout=30)
              .status.state == pb.SANDBOX_NOTREADY, 30, "the victim pod to be NotReady")
-    wait_for(lambda: not _alive(victim_pid), 30, "the orphaned container to be removed by the runtime")
+    wait_for(lambda: not procfs.alive(victim_pid), 30, "the orphaned container to be removed by the runtime")
     # the other pod: running, exec, logs growing, stats
-    assert _alive(other_shim) and status(rt, other).state == pb.CONTAINER_RUNNING
+    assert procfs.alive(other_shim) and status(rt, other).state == pb.CONTAINER_RUNNING
     assert exec_sync(rt, other, ["echo", "fine"]).stdout == b"fine\n"
     before = _log_text(rt, other).count("tick")
     wait_for(lambda: _log_text(rt, other).count("tick") > before, 10, "the bystander's log to grow")
@@ -396,10 +390,10 @@ def test_a_container_with_its_own_shim_from_before_grouping_recovers(cri):
         wait_for(lambda: _log_text(rt, cid).count("tick") > before, 10, "the log written by the old shim")
         rt.StopContainer(pb.StopContainerRequest(container_id=cid, timeout=0), timeout=60)
         assert wait_exited(rt, cid).exit_code == 137
-        wait_for(lambda: not _alive(legacy_pid), 10, "the container's own shim to end with it")
+        wait_for(lambda: not procfs.alive(legacy_pid), 10, "the container's own shim to end with it")
         assert not os.path.exists(d)
     finally:
-        if _alive(legacy_pid):
+        if procfs.alive(legacy_pid):
             os.kill(legacy_pid, signal.SIGKILL)
     with pytest.raises(grpc.RpcError):
         exec_sync(rt, cid, ["true"])
