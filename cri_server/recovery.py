@@ -55,9 +55,10 @@ def reconcile_container(rec: ContainerRecord, task: TaskState, now: int, started
         return rec
     if task.status == CREATED:
         return rec
-    if task.status == RUNNING:
+    if task.status == RUNNING:     # a pending exit read before is stale (a failed Wait): dropped
         started = rec.started_at or started_hint or now
-        return dataclasses.replace(rec, state=ContainerState.RUNNING, started_at=started, pid=task.pid or rec.pid)
+        return dataclasses.replace(rec, state=ContainerState.RUNNING, started_at=started, pid=task.pid or rec.pid,
+                                   extra={k: v for k, v in rec.extra.items() if k != PENDING_EXIT})
     extra = {k: v for k, v in rec.extra.items() if k not in ("shim_pid", PENDING_EXIT)}
     info = _known_exit(rec, task, now)
     if info is not None:
@@ -86,6 +87,8 @@ def _known_exit(rec: ContainerRecord | SandboxRecord, task: TaskState, now: int)
 def reconcile_sandbox(rec: SandboxRecord, task: TaskState, now: int) -> SandboxRecord:
     """A ready sandbox made true to its pause task: stopped or gone makes it NotReady with the exit."""
     if rec.state != SandboxState.READY or task.status not in (STOPPED, GONE):
+        if task.status == RUNNING and PENDING_EXIT in rec.extra:   # stale (a failed Wait): dropped
+            return dataclasses.replace(rec, extra={k: v for k, v in rec.extra.items() if k != PENDING_EXIT})
         return rec
     extra = {k: v for k, v in rec.extra.items() if k not in ("shim_pid", PENDING_EXIT)}
     info = _known_exit(rec, task, now)

@@ -14,6 +14,7 @@ import asyncio
 import dataclasses
 import logging
 import signal as signals
+import sqlite3
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
@@ -177,10 +178,14 @@ class TaskMonitor:
         if rec.extra.get(PENDING_EXIT) == doc:
             return
         new = dataclasses.replace(rec, extra={**rec.extra, PENDING_EXIT: doc})
-        if isinstance(new, ContainerRecord):
-            store.put_container(new)
-        else:
-            store.put_sandbox(new)
+        try:
+            if isinstance(new, ContainerRecord):
+                store.put_container(new)
+            else:
+                store.put_sandbox(new)
+        except (sqlite3.Error, OSError) as e:
+            # Only a safeguard against a kill in the next steps: the exit is still recorded after the Delete.
+            log.warning("could not keep the exit as pending", extra={"id": object_id, "error": str(e)})
 
     def _record_exit(self, object_id: str, info: ExitInfo) -> None:
         store = self.svc.store

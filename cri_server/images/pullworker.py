@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 STOP_TIMEOUT_S = 30.0       # a cancelled worker's cleanup (tar killed, unpack dirs removed) before SIGKILL
 IDLE_S = 10.0               # an idle worker is kept this long after its pull (read when it becomes idle)
 MAX_WORKERS = 4             # workers kept by a pool; pulls beyond run in one-shot workers
+MAX_PULLS = 2 * MAX_WORKERS # pulls running at once through a pool (kept and one-shot workers); more wait
 _LINE_LIMIT = 1 << 20
 _ids = itertools.count(1)
 
@@ -172,8 +173,9 @@ class WorkerPool:
     at a time; at most `max_workers` are kept (pulls beyond run in one-shot workers). An idle worker is ended
     here (its stdin closed: it exits), never by itself, so a request never races its timeout."""
 
-    def __init__(self, max_workers: int = MAX_WORKERS) -> None:
+    def __init__(self, max_workers: int = MAX_WORKERS, max_pulls: int = MAX_PULLS) -> None:
         self.max_workers = max_workers
+        self._slots = asyncio.Semaphore(max(max_pulls, max_workers))   # ~30 MB a worker: bounded
         self._idle: list[_Worker] = []
         self._counted = 0           # pooled workers alive, busy or idle
         self._ending: set[asyncio.Task[None]] = set()
@@ -184,6 +186,15 @@ class WorkerPool:
 
     async def pull(self, ref: str, auth: AuthConfig | None, platform: mf.Platform, plain_http: bool | None,
                    root: str, registry_config_dir: str | None, options: dict[str, Any]) -> WorkerResult:
+        """One pull in a worker: at most `max_pulls` at once (a kubelet without serialized pulls may ask for
+        many images together; each worker is a process of ~30 MB), the others wait for a slot."""
+        async with self._slots:
+            if self._closed:
+                raise PullWorkerError(f"pulling {ref}: husk-cri is stopping")
+            return await self._pull(ref, auth, platform, plain_http, root, registry_config_dir, options)
+
+    async def _pull(self, ref: str, auth: AuthConfig | None, platform: mf.Platform, plain_http: bool | None,
+                    root: str, registry_config_dir: str | None, options: dict[str, Any]) -> WorkerResult:
         pull_id = f"pull-{os.getpid()}-{next(_ids)}"
         t0 = time.monotonic()
         req = {"ref": ref, "platform": _platform_dict(platform),

@@ -84,3 +84,21 @@ def test_a_watcher_started_after_the_delete_records_the_pending_exit(store, tmp_
     asyncio.run(tasks.TaskMonitor(svc)._watch("c1"))
     c = store.container("c1")
     assert (c.state, c.exit_code, c.finished_at, c.reason, c.message) == (ContainerState.EXITED, 137, 88, "Error", "")
+
+
+def test_an_exit_that_cannot_be_kept_pending_is_still_recorded(store, tmp_path, monkeypatch):
+    """The pending write is a safeguard: a store that refuses it (full disk) must not stop the watcher."""
+    import sqlite3
+    store.put_container(_container())
+    svc = _svc(store, tmp_path, deleted=False)
+    real = store.put_container
+
+    def refuse_pending(rec: ContainerRecord) -> None:
+        if tasks.PENDING_EXIT in rec.extra:
+            raise sqlite3.OperationalError("database or disk is full")
+        real(rec)
+    monkeypatch.setattr(store, "put_container", refuse_pending)
+    asyncio.run(tasks.TaskMonitor(svc)._finish("c1", POD_SHIM, tasks.ExitInfo(3, 77)))
+    assert svc.shims.seen_at_delete is not None          # the Delete was sent
+    c = store.container("c1")
+    assert (c.state, c.exit_code, c.finished_at) == (ContainerState.EXITED, 3, 77)

@@ -294,3 +294,15 @@ def test_a_pods_ended_tasks_keep_its_shim_until_the_last(tmp_path, monkeypatch):
         store.close()
     assert sorted(oid for oid, _, _ in calls) == ["c1", "c2", "s1"]
     assert [shared for _, _, shared in calls] == [True, True, False]   # the shim ends with the last task only
+
+
+def test_a_pending_exit_of_a_task_still_running_is_dropped():
+    """A Wait that failed for another reason left a pending exit; the task answers running at restart: the
+    stale exit must not be reported if the shim is lost later."""
+    rec = _container(ContainerState.RUNNING, started_at=CREATED_AT + 7)
+    rec = dataclasses.replace(rec, extra={**rec.extra, **_PENDING})
+    new = rc.reconcile_container(rec, rc.TaskState(rc.RUNNING, pid=4321), NOW)
+    assert new.state == ContainerState.RUNNING and "exit_pending" not in new.extra
+    sb = dataclasses.replace(_sandbox(), extra={"shim_pid": 29, **_PENDING})
+    kept = rc.reconcile_sandbox(sb, rc.TaskState(rc.RUNNING, pid=99), NOW)
+    assert kept.state == SandboxState.READY and "exit_pending" not in kept.extra and kept.extra["shim_pid"] == 29

@@ -203,6 +203,29 @@ def test_pool_beyond_max_workers_uses_one_shot_workers(fake, monkeypatch) -> Non
     asyncio.run(main())
 
 
+def test_pool_runs_at_most_max_pulls_at_once(fake, monkeypatch) -> None:
+    monkeypatch.setattr(pullworker, "IDLE_S", 60.0)
+
+    async def main() -> None:
+        pool = pullworker.WorkerPool(max_workers=1, max_pulls=2)
+        try:
+            hung = [asyncio.ensure_future(_pull(pool, "hang")) for _ in range(2)]
+            await wait_for_async(lambda: len(fake) == 2, 30, "two workers to start")
+            third = asyncio.ensure_future(_pull(pool, "c"))
+            for _ in range(20):         # let the loop run the third pull as far as it can go
+                await asyncio.sleep(0)
+            assert len(fake) == 2 and not third.done()      # waiting for a slot, no third worker
+            hung[0].cancel()
+            c = await asyncio.wait_for(third, 30)
+            assert c.image_id == "c" and len(fake) == 3
+            hung[1].cancel()
+            await asyncio.gather(*hung, return_exceptions=True)
+        finally:
+            await pool.close()
+        assert all(_gone(p) for p in fake)
+    asyncio.run(main())
+
+
 @pytest.mark.parametrize("seen", [True, False], ids=["death-seen", "request-refused"])
 def test_pool_replaces_a_worker_that_died_idle(fake, monkeypatch, seen: bool) -> None:
     """Its death noticed by the event loop before the request, or (the loop blocked meanwhile) only when
