@@ -152,17 +152,21 @@ def fork_init(unified_fd: int) -> int:
     """Forks the init; with `unified_fd` (a hybrid host's cgroup2 directory of the container, when this process
     joined the v1 ones itself) straight into that cgroup: clone3(CLONE_INTO_CGROUP) needs no write to
     cgroup.procs, which waits for an RCU grace period (2-20 ms here). Where the kernel or a seccomp filter
-    does not know clone3 (ENOSYS, E2BIG: refused before any process exists), a plain fork and that write;
+    does not let clone3 through (syscalls.clone3_usable; ENOSYS, E2BIG: refused before any process exists), a
+    plain fork and that write;
     any other failure is an error (it may come after the kernel gave a new pid namespace its pid 1, and that
     namespace then forks nothing more). The init needs none of os.fork's bookkeeping: this process is
     single-threaded and the init only sets up and execs (syscalls.fork_into_cgroup)."""
     if unified_fd < 0:
         return os.fork()
-    try:
-        pid = sc.fork_into_cgroup(unified_fd)
-    except OSError as e:
-        if e.errno not in (errno.ENOSYS, errno.E2BIG):
-            raise SetupError(f"fork the init into its cgroup2 cgroup: {e.strerror}") from None
+    pid = -1
+    if sc.clone3_usable():      # else a seccomp filter (EPERM) or an old kernel: a call would fail the create
+        try:
+            pid = sc.fork_into_cgroup(unified_fd)
+        except OSError as e:
+            if e.errno not in (errno.ENOSYS, errno.E2BIG):
+                raise SetupError(f"fork the init into its cgroup2 cgroup: {e.strerror}") from None
+    if pid < 0:
         pid = os.fork()
         if pid != 0:
             try:

@@ -14,6 +14,7 @@ any namespace, even for host root. A sealed memfd refuses writes by its seals an
 """
 from __future__ import annotations
 
+import errno
 import os
 
 from runtime.errors import SetupError
@@ -87,6 +88,7 @@ def _mount_line(pid: "int | str", mnt: int) -> bytes | None:
 PERSISTENT_ROOT = "/run/husk-interpreter"
 _PERSISTENT_FLAGS = os.ST_RDONLY | os.ST_NOSUID | os.ST_NODEV
 _REAL_KEY = "husk-interpreter = "
+_STAT_KEY = "husk-interpreter-stat = "      # the real file's size and mtime_ns when the copy was made
 
 
 def persistent_path(real: str, root: str = PERSISTENT_ROOT) -> str:
@@ -136,7 +138,9 @@ def prepare_persistent(real: str, path: str) -> None:
     unprotected, and the stages re-exec from a detached mount (is_protected says no). Raises OSError."""
     d = os.path.dirname(os.path.dirname(path))
     os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
-    cfg = f"home = {os.path.dirname(real)}\n{_REAL_KEY}{real}\n"
+    rst = os.stat(real)
+    # The real file's size and mtime too: a rebuilt interpreter of the same size gets a new copy.
+    cfg = f"home = {os.path.dirname(real)}\n{_REAL_KEY}{real}\n{_STAT_KEY}{rst.st_size} {rst.st_mtime_ns}\n"
     try:
         with open(os.path.join(d, "pyvenv.cfg")) as f:
             same = f.read() == cfg
@@ -144,15 +148,19 @@ def prepare_persistent(real: str, path: str) -> None:
         same = False
     if not same:
         tmp = os.path.join(d, f".pyvenv.cfg.{os.getpid()}")
-        with open(tmp, "w") as f:
-            f.write(cfg)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        try:
+            os.write(fd, cfg.encode())
+        finally:
+            os.close(fd)
         os.replace(tmp, os.path.join(d, "pyvenv.cfg"))
-    try:
-        st, rst = os.stat(path), os.stat(real)
-        if st.st_size == rst.st_size and st.st_mode & 0o111:
-            return   # the copy (or, mounted, the interpreter itself)
-    except FileNotFoundError:
-        pass
+    else:
+        try:
+            st = os.stat(path)
+            if st.st_size == rst.st_size and st.st_mode & 0o111:
+                return   # the copy (or, mounted, the interpreter itself)
+        except FileNotFoundError:
+            pass
     tmp = f"{path}.{os.getpid()}"
     src = os.open(real, os.O_RDONLY | os.O_CLOEXEC)
     try:
@@ -165,7 +173,13 @@ def prepare_persistent(real: str, path: str) -> None:
             os.close(dst)
     finally:
         os.close(src)
-    os.replace(tmp, path)
+    try:
+        os.replace(tmp, path)
+    except OSError as e:
+        os.unlink(tmp)
+        if e.errno != errno.EBUSY:
+            raise
+        # EBUSY: the interpreter is mounted there (ensure_persistent re-makes the mount when it is stale)
 
 
 def ensure_persistent(real: str, path: str) -> bool:

@@ -76,6 +76,15 @@ def write(path: str, root: str | None = None) -> None:
             exeguard.prepare_persistent(real, protected)
         except OSError:
             direct = False   # e.g. a root this installer may not write: the sh launcher
+    if direct:
+        # The copy must run where it is (a noexec venv, an interpreter that finds libpython relative to its
+        # own path): the kernel would otherwise refuse the #! line and husk could not even mount it.
+        import subprocess
+        try:
+            direct = subprocess.run([protected, "-I", "-S", "-c", "import encodings"], stdin=subprocess.DEVNULL,
+                                    capture_output=True, timeout=60).returncode == 0
+        except (OSError, subprocess.SubprocessError):
+            direct = False
     text = render(sys.executable, parent, site, real, protected, direct=direct)
     from runtime.fsutil import atomic_write
     atomic_write(path, text, mode=0o755, durable=False)  # an install step: run again if lost

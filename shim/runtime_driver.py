@@ -191,7 +191,12 @@ class InProcessRuntime(RuntimeDriver):
 
     def _forked(self, op: str, container_id: str, stdio: ChildStdio, fn: Any, *args: Any, **kw: Any) -> None:
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError:
+            os.close(err_r)
+            os.close(err_w)
+            raise
         if pid == 0:  # child: never returns
             code = 1
             try:
@@ -288,12 +293,18 @@ def call_in_child(op: str, container_id: str, fn: Any, *args: Any) -> bytes:
     writes into every object it runs or touches (reference counts, caches), which copies the object's page out
     of the memory a shim shares with the spawner, for the shim's lifetime; a child's copies end with it."""
     r, wfd = os.pipe2(os.O_CLOEXEC)
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(r)
+        os.close(wfd)
+        raise
     if pid == 0:  # child: never returns
         code = 1
         try:
             os.close(r)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)    # the shim's handler only wakes its loop
             signal.set_wakeup_fd(-1)        # the shim's signal pipe is not the child's
             out = fn(*args)
             view = memoryview(b"\1" + (out or b""))

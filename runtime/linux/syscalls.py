@@ -284,7 +284,19 @@ def close_range(first: int, last: int = 0xFFFFFFFF, flags: int = 0) -> None:
 
 
 CLONE_INTO_CGROUP = 0x200000000
-SIGCHLD = 17
+SIGCHLD = 17                # the exit signal field of clone_args; signal.SIGCHLD's value on x86 and arm
+_clone3_ok: bool | None = None
+
+
+def clone3_usable() -> bool:
+    """Whether clone3 reaches the kernel: called with no arguments the kernel answers EINVAL (size below its
+    first version) and creates nothing; ENOSYS (before 5.3) or whatever a seccomp filter answers for a call it
+    does not allow (often EPERM) means no. Asked once per process."""
+    global _clone3_ok
+    if _clone3_ok is None:
+        r = _libc.syscall(SYS_clone3, None, ctypes.c_size_t(0))
+        _clone3_ok = r == -1 and ctypes.get_errno() == 22     # EINVAL
+    return _clone3_ok
 
 
 def fork_into_cgroup(cgroup_fd: int) -> int:

@@ -22,6 +22,7 @@ def _refuse(err: int):
 @pytest.mark.parametrize("err", [errno.ENOSYS, errno.E2BIG])
 def test_unknown_clone3_falls_back_to_fork_and_cgroup_procs(tmp_path, monkeypatch, err) -> None:
     (tmp_path / "cgroup.procs").write_text("")   # stands in for the cgroup2 directory's file
+    monkeypatch.setattr(sc, "_clone3_ok", True)
     monkeypatch.setattr(sc, "fork_into_cgroup", _refuse(err))
     fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     pid = child.fork_init(fd)
@@ -35,6 +36,7 @@ def test_unknown_clone3_falls_back_to_fork_and_cgroup_procs(tmp_path, monkeypatc
 
 
 def test_other_clone3_failures_are_errors_and_fork_nothing(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(sc, "_clone3_ok", True)
     monkeypatch.setattr(sc, "fork_into_cgroup", _refuse(errno.EACCES))
     monkeypatch.setattr(os, "fork", lambda: pytest.fail("forked after a failed clone3"))
     fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -52,3 +54,27 @@ def test_without_a_cgroup2_directory_it_is_a_plain_fork(monkeypatch) -> None:
         os._exit(0)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_clone3_that_a_seccomp_filter_refuses_is_not_tried(tmp_path, monkeypatch) -> None:
+    """A filter that answers EPERM for clone3 (older container profiles, systemd SystemCallFilter=): the probe
+    says no and the create forks as before instead of failing."""
+    (tmp_path / "cgroup.procs").write_text("")
+    monkeypatch.setattr(sc, "_clone3_ok", None)
+    real = sc._libc.syscall
+
+    def syscall(number, *args):   # what the filter does to clone3
+        if number == sc.SYS_clone3:
+            import ctypes
+            ctypes.set_errno(errno.EPERM)
+            return -1
+        return real(number, *args)
+    monkeypatch.setattr(sc._libc, "syscall", syscall)
+    monkeypatch.setattr(sc, "fork_into_cgroup", lambda fd: pytest.fail("clone3 tried after the probe said no"))
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    pid = child.fork_init(fd)
+    if pid == 0:
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert (tmp_path / "cgroup.procs").read_text() == str(pid) and sc.clone3_usable() is False

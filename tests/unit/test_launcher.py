@@ -91,3 +91,30 @@ def test_launcher_works_before_and_after_the_mount_goes(tmp_path: Path) -> None:
         assert exeguard.persistent_ok(protected, real)
     finally:
         exeguard.remove_persistent(protected)
+
+
+def test_launcher_falls_back_to_sh_when_the_copy_cannot_run(tmp_path: Path, monkeypatch) -> None:
+    """A venv on a noexec mount, or an interpreter that finds libpython relative to its own path: the kernel
+    would refuse the #! line, and husk could not run at all (not even to mount the interpreter)."""
+    def broken_copy(real: str, path: str) -> None:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        Path(path).write_bytes(b"\x7fELF not a program")
+        os.chmod(path, 0o755)
+    monkeypatch.setattr(exeguard, "prepare_persistent", broken_copy)
+    out = tmp_path / "husk"
+    launcher.write(str(out), str(tmp_path / "protected"))
+    assert out.read_text().startswith("#!/bin/sh\n")
+
+
+def test_a_rebuilt_interpreter_of_the_same_size_gets_a_new_copy(tmp_path: Path) -> None:
+    real, path = tmp_path / "python", str(tmp_path / "root" / "x" / "bin" / "python")
+    real.write_bytes(b"A" * 4096)
+    real.chmod(0o755)
+    exeguard.prepare_persistent(str(real), path)
+    assert Path(path).read_bytes() == b"A" * 4096
+    real.write_bytes(b"B" * 4096)                     # same size, new mtime
+    os.utime(real, ns=(1, 10**18))
+    exeguard.prepare_persistent(str(real), path)
+    assert Path(path).read_bytes() == b"B" * 4096
+    exeguard.prepare_persistent(str(real), path)      # unchanged: nothing to do
+    assert exeguard.recorded_interpreter(path) == str(real)
