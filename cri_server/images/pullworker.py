@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 STOP_TIMEOUT_S = 30.0       # a cancelled worker's cleanup (tar killed, unpack dirs removed) before SIGKILL
+SHUTDOWN_STOP_TIMEOUT_S = 5.0   # the same while husk-cri stops (partial downloads are kept for the next pull)
 IDLE_S = 10.0               # an idle worker is kept this long after its pull (read when it becomes idle)
 MAX_WORKERS = 4             # workers kept by a pool; pulls beyond run in one-shot workers
 MAX_PULLS = 2 * MAX_WORKERS # pulls running at once through a pool (kept and one-shot workers); more wait
@@ -180,6 +181,7 @@ class WorkerPool:
         self._counted = 0           # pooled workers alive, busy or idle
         self._ending: set[asyncio.Task[None]] = set()
         self._closed = False
+        self.stop_timeout: float | None = None     # a cancelled worker's time to clean up (None: STOP_TIMEOUT_S)
 
     def idle_pids(self) -> list[int]:
         return [w.proc.pid for w in self._idle]
@@ -314,12 +316,12 @@ class WorkerPool:
 
     async def _retire(self, w: _Worker) -> None:
         w.stdin.close()
-        await _stop(w.proc, w.extra, terminate=False)
+        await _stop(w.proc, w.extra, terminate=False, timeout=self.stop_timeout)
         await asyncio.gather(w.relay, return_exceptions=True)
 
     async def _abort(self, w: _Worker) -> None:
         self._forget(w)
-        await _stop(w.proc, w.extra)
+        await _stop(w.proc, w.extra, timeout=self.stop_timeout)
         w.stdin.close()
         await asyncio.gather(w.relay, return_exceptions=True)
 
@@ -343,20 +345,22 @@ async def _relay(stream: asyncio.StreamReader, extra: dict[str, Any]) -> None:
             log.warning("pull worker: %s", text, extra=extra)
 
 
-async def _stop(proc: asyncio.subprocess.Process, extra: dict[str, Any], terminate: bool = True) -> None:
+async def _stop(proc: asyncio.subprocess.Process, extra: dict[str, Any], terminate: bool = True,
+                timeout: float | None = None) -> None:
     """SIGTERM (the worker cancels its pull and cleans up; without `terminate`, its stdin was closed: it exits),
-    SIGKILL after STOP_TIMEOUT_S; waits for the exit even when cancelled again meanwhile (the caller re-raises
+    SIGKILL after `timeout` (default STOP_TIMEOUT_S); waits for the exit even when cancelled again meanwhile (the caller re-raises
     its cancellation)."""
     if terminate and proc.returncode is None:
         proc.terminate()
     waiter = asyncio.ensure_future(proc.wait())
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + STOP_TIMEOUT_S
+    limit = STOP_TIMEOUT_S if timeout is None else timeout
+    deadline = loop.time() + limit
     while not waiter.done():
         try:
             await asyncio.wait_for(asyncio.shield(waiter), max(0.0, deadline - loop.time()))
         except asyncio.TimeoutError:
-            log.warning("pull worker did not stop in %gs: killing it", STOP_TIMEOUT_S, extra=extra)
+            log.warning("pull worker did not stop in %gs: killing it", limit, extra=extra)
             proc.kill()
             deadline = float("inf")
         except asyncio.CancelledError:

@@ -98,6 +98,9 @@ class ImageService:
 
     async def close(self) -> None:
         self._closed = True
+        if self._worker_pool is not None:   # a worker stuck in its cleanup must not hold husk-cri's stop for long
+            from .pullworker import SHUTDOWN_STOP_TIMEOUT_S
+            self._worker_pool.stop_timeout = SHUTDOWN_STOP_TIMEOUT_S
         if self._worker_pulls:  # husk-cri stopping: each worker cancels its pull and cleans up
             for t in self._worker_pulls:
                 t.cancel()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import socket
@@ -130,6 +131,10 @@ _FAKE = textwrap.dedent("""
         if ref == "die-busy":
             sys.exit(5)
         if ref == "hang":
+            signal.pause()
+        if ref == "stubborn":       # stuck in its cleanup: SIGTERM does nothing
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            print("INFO fake: stubborn", file=sys.stderr, flush=True)
             signal.pause()
         print(json.dumps({"id": ref, "served": n, "loaded": n == 1}), flush=True)
 """)
@@ -281,4 +286,24 @@ def test_pool_does_not_reuse_a_cancelled_worker(fake, monkeypatch) -> None:
             assert b.pid != a.pid and b.served == 1
         finally:
             await pool.close()
+    asyncio.run(main())
+
+
+def test_a_worker_stuck_in_its_cleanup_is_killed_after_the_pools_stop_timeout(fake, monkeypatch, caplog) -> None:
+    """husk-cri stopping lowers the time a cancelled worker gets (ImageService.close): one that ignores SIGTERM
+    is then killed instead of holding the stop for STOP_TIMEOUT_S."""
+    monkeypatch.setattr(pullworker, "STOP_TIMEOUT_S", 3600.0)
+
+    async def main() -> None:
+        pool = pullworker.WorkerPool()
+        pool.stop_timeout = 0.1
+        task = asyncio.ensure_future(_pull(pool, "stubborn"))
+        caplog.set_level(logging.INFO, logger=pullworker.__name__)
+        await wait_for_async(lambda: any("fake: stubborn" in r.getMessage() for r in caplog.records), 30,
+                             "the worker to take the request and ignore SIGTERM")
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await pool.close()
+        assert _gone(fake[0])
     asyncio.run(main())
