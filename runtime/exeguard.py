@@ -171,15 +171,17 @@ def prepare_persistent(real: str, path: str) -> None:
             os.fchmod(dst, 0o755)
         finally:
             os.close(dst)
-    finally:
-        os.close(src)
-    try:
         os.replace(tmp, path)
     except OSError as e:
-        os.unlink(tmp)
+        try:
+            os.unlink(tmp)      # a partial copy (full disk) or one not put in place
+        except FileNotFoundError:
+            pass
         if e.errno != errno.EBUSY:
             raise
         # EBUSY: the interpreter is mounted there (ensure_persistent re-makes the mount when it is stale)
+    finally:
+        os.close(src)
 
 
 def ensure_persistent(real: str, path: str) -> bool:

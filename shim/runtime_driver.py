@@ -190,19 +190,11 @@ class InProcessRuntime(RuntimeDriver):
                                  type(err).__name__ == "ContainerNotFound" or _not_found(str(err))) from err
 
     def _forked(self, op: str, container_id: str, stdio: ChildStdio, fn: Any, *args: Any, **kw: Any) -> None:
-        err_r, err_w = os.pipe2(os.O_CLOEXEC)
-        try:
-            pid = os.fork()
-        except OSError:
-            os.close(err_r)
-            os.close(err_w)
-            raise
+        pid, err_r, err_w = _fork_with_pipe()
         if pid == 0:  # child: never returns
             code = 1
             try:
-                os.close(err_r)
-                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                signal.set_wakeup_fd(-1)
+                _child_of_the_shim(err_r)
                 _keep_logging_off_container_stdio()
                 os.dup2(stdio.stdin, 0)
                 os.dup2(stdio.stdout, 1)
@@ -272,6 +264,27 @@ class InProcessRuntime(RuntimeDriver):
         return [int(p) for p in self._call("ps", container_id, fn, self.opts.root, container_id)]
 
 
+def _fork_with_pipe() -> tuple[int, int, int]:
+    """os.fork with a close-on-exec pipe for the child to report on: (pid, read end, write end); both ends
+    closed again when the fork fails."""
+    r, w = os.pipe2(os.O_CLOEXEC)
+    try:
+        return os.fork(), r, w
+    except OSError:
+        os.close(r)
+        os.close(w)
+        raise
+
+
+def _child_of_the_shim(read_end: int) -> None:
+    """First steps of a forked child of the shim: the pipe's read end closed, SIGCHLD and SIGTERM back to their
+    defaults (the shim's handlers only wake its loop) and the shim's signal wakeup fd let go of."""
+    os.close(read_end)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.set_wakeup_fd(-1)
+
+
 def _read_to_end(fd: int) -> bytes:
     """Everything readable from `fd` until EOF (the writers closed it); closes it."""
     chunks = []
@@ -292,20 +305,11 @@ def call_in_child(op: str, container_id: str, fn: Any, *args: Any) -> bytes:
     For work whose effects are outside the shim's memory (files, cgroups, signals, an encoded answer): CPython
     writes into every object it runs or touches (reference counts, caches), which copies the object's page out
     of the memory a shim shares with the spawner, for the shim's lifetime; a child's copies end with it."""
-    r, wfd = os.pipe2(os.O_CLOEXEC)
-    try:
-        pid = os.fork()
-    except OSError:
-        os.close(r)
-        os.close(wfd)
-        raise
+    pid, r, wfd = _fork_with_pipe()
     if pid == 0:  # child: never returns
         code = 1
         try:
-            os.close(r)
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)    # the shim's handler only wakes its loop
-            signal.set_wakeup_fd(-1)        # the shim's signal pipe is not the child's
+            _child_of_the_shim(r)
             out = fn(*args)
             view = memoryview(b"\1" + (out or b""))
             while view:

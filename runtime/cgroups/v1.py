@@ -164,38 +164,31 @@ class V1Manager:
         return d is not None and os.path.isdir(d)
 
     def apply(self, pid: int) -> None:
+        self._move_into("cgroup.procs", pid, f"add pid {pid} to")
+
+    def _move_into(self, name: str, pid: int, what: str, skip: str | None = None) -> None:
+        """Writes `pid` to `name` (cgroup.procs or tasks) in every hierarchy's directory but `skip`."""
         for d in self._dirs():
-            path = os.path.join(d, "cgroup.procs")
+            if d == skip:
+                continue
+            path = os.path.join(d, name)
             try:
-                with open(path, "w") as f:
-                    f.write(str(pid))
+                fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+                try:
+                    os.write(fd, str(pid).encode())
+                finally:
+                    os.close(fd)
             except FileNotFoundError:
-                raise SetupError(f"add pid {pid} to cgroup {self.path}: {d} does not exist") from None
+                raise SetupError(f"{what} cgroup {self.path}: {d} does not exist") from None
             except OSError as e:
-                raise SetupError(f"add pid {pid} to {path}: {e.strerror}") from None
+                raise SetupError(f"{what} {path}: {e.strerror}") from None
 
     def join_self(self) -> None:
         """Moves the calling process, which must be single-threaded, into this cgroup in every v1 hierarchy but
         a hybrid host's cgroup2 one (dir("unified"): clone3 into it, runtime/child.py): `0` written to `tasks`
         moves the calling thread without the global cgroup_threadgroup_rwsem, whose write side (any pid written
         to `cgroup.procs`) first waits for an RCU grace period, 2-20 ms on this host."""
-        unified = self.dir("unified")
-        for d in self._dirs():
-            if d == unified:
-                continue
-            path = os.path.join(d, "tasks")
-            try:
-                fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
-            except FileNotFoundError:
-                raise SetupError(f"join cgroup {self.path}: {d} does not exist") from None
-            except OSError as e:
-                raise SetupError(f"open {path}: {e.strerror}") from None
-            try:
-                os.write(fd, b"0")
-            except OSError as e:
-                raise SetupError(f"join {path}: {e.strerror}") from None
-            finally:
-                os.close(fd)
+        self._move_into("tasks", 0, "join", skip=self.dir("unified"))
 
     def apply_split(self, pid: int, paths: dict[str, str]) -> None:
         """`exec --cgroup ctrl:sub` on v1: moves `pid` into `paths[ctrl]` (absolute within the hierarchy) for

@@ -118,3 +118,16 @@ def test_a_rebuilt_interpreter_of_the_same_size_gets_a_new_copy(tmp_path: Path) 
     assert Path(path).read_bytes() == b"B" * 4096
     exeguard.prepare_persistent(str(real), path)      # unchanged: nothing to do
     assert exeguard.recorded_interpreter(path) == str(real)
+
+
+def test_a_copy_that_fails_leaves_no_partial_file(tmp_path: Path, monkeypatch) -> None:
+    import errno as errno_mod
+    real, path = tmp_path / "python", tmp_path / "root" / "x" / "bin" / "python"
+    real.write_bytes(b"A" * 4096)
+
+    def full(*a: object) -> int:
+        raise OSError(errno_mod.ENOSPC, "No space left on device")
+    monkeypatch.setattr(os, "sendfile", full)
+    with pytest.raises(OSError, match="No space"):
+        exeguard.prepare_persistent(str(real), str(path))
+    assert sorted(p.name for p in path.parent.iterdir()) == []
