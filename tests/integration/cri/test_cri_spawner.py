@@ -11,6 +11,7 @@ import pytest
 from cri_server.api.v1 import api_pb2 as pb
 from tests.integration.cri.conftest import BUSYBOX
 from tests.integration.cri.helpers import container_config, nothing_left, pod_config, run_pod, start_container
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.root, pytest.mark.e2e]
 
@@ -49,8 +50,11 @@ def _children(pid: int) -> list[int]:
 
 def test_shims_are_forked_from_the_spawner(cri):
     assert cri.proc is not None
-    zygotes = [p for p in _children(cri.proc.pid) if _stat(p)[0] == "husk-cri-spawne"]
-    assert len(zygotes) == 1, "husk-cri has no spawner child"
+    # husk-cri serves while its zygote may still be importing (it names itself once shim.spawner is loaded):
+    # under a loaded test run the socket came first and a look right away found no named child
+    zygotes = wait_for(lambda: [p for p in _children(cri.proc.pid) if _stat(p)[0] == "husk-cri-spawne"],
+                       timeout=30, what="husk-cri's spawner child, named husk-cri-spawner")
+    assert len(zygotes) == 1, f"husk-cri has {len(zygotes)} spawner children"
     rt = cri.runtime_stub()
     cri.image_stub().PullImage(pb.PullImageRequest(image=pb.ImageSpec(image=BUSYBOX)), timeout=120)
     pod = pod_config(cri, "spawned")
