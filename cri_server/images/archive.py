@@ -59,21 +59,39 @@ def _safe_extract(path: str, dest: str) -> None:
                     rel = clean_name(m.name.lstrip("/"), path)
                     target = os.path.join(dest, rel) if rel else dest
                     if m.isdir():
-                        os.makedirs(target, 0o755, exist_ok=True)
+                        _makedirs(dest, rel)
                         continue
                     if not rel:
                         raise OSError(f"a file named {m.name!r} would replace the archive's directory")
-                    os.makedirs(os.path.dirname(target), 0o755, exist_ok=True)
+                    _makedirs(dest, os.path.dirname(rel))
                     src = tf.extractfile(m)
                     assert src is not None   # a regular file's member always has data
                     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
-                                 0o644)
+                                 0o600)
                     with src, os.fdopen(fd, "wb") as out:
+                        os.fchmod(fd, 0o644)   # whatever the umask and the archive say
                         shutil.copyfileobj(src, out, 1 << 20)
-                except (UnsafeLayer, OSError) as e:
+                except UnsafeLayer as e:
+                    raise ArchiveError(path, e.reason) from None   # its text names the member already
+                except OSError as e:
                     raise ArchiveError(path, f"member {m.name!r}: {e}") from None
     except tarfile.TarError as e:
         raise ArchiveError(path, f"not a readable tar archive: {e}") from None
+
+
+def _makedirs(dest: str, rel: str) -> None:
+    """`dest/rel` and the directories above it, each 0755 whatever the umask (none is a link: nothing here makes
+    one)."""
+    path = dest
+    for part in rel.split("/") if rel else ():
+        path = os.path.join(path, part)
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            if not os.path.isdir(path):
+                raise OSError(f"{path!r} is a file, not a directory") from None
+            continue
+        os.chmod(path, 0o755)
 
 
 def read_archive(path: str, content: ContentStore, platform: mf.Platform, all_platforms: bool,

@@ -37,14 +37,16 @@ def _stat(pid: int) -> tuple[str, int]:
     return head.split("(", 1)[1], int(rest.split()[1])
 
 
-def _children(pid: int) -> list[int]:
+def _children(pid: int, comm: str | None = None) -> list[int]:
+    """`pid`'s children (named `comm` if given); one that exits while we look is left out."""
     out = []
     for p in (int(x) for x in os.listdir("/proc") if x.isdigit()):
         try:
-            if _stat(p)[1] == pid:
-                out.append(p)
+            name, ppid = _stat(p)
         except (OSError, IndexError, ValueError):
             continue
+        if ppid == pid and (comm is None or name == comm):
+            out.append(p)
     return out
 
 
@@ -52,7 +54,7 @@ def test_shims_are_forked_from_the_spawner(cri):
     assert cri.proc is not None
     # husk-cri serves while its zygote may still be importing (it names itself once shim.spawner is loaded):
     # under a loaded test run the socket came first and a look right away found no named child
-    zygotes = wait_for(lambda: [p for p in _children(cri.proc.pid) if _stat(p)[0] == "husk-cri-spawne"],
+    zygotes = wait_for(lambda: _children(cri.proc.pid, comm="husk-cri-spawne"),
                        timeout=30, what="husk-cri's spawner child, named husk-cri-spawner")
     assert len(zygotes) == 1, f"husk-cri has {len(zygotes)} spawner children"
     rt = cri.runtime_stub()
