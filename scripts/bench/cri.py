@@ -183,6 +183,7 @@ class Driver:
 
         from cri_server.api.v1 import api_pb2_grpc as rpc
         self.name = name
+        self.socket = socket
         self.channel = grpc.insecure_channel(f"unix://{socket}")
         self.rt = rpc.RuntimeServiceStub(self.channel)
         self.im = rpc.ImageServiceStub(self.channel)

@@ -9,7 +9,8 @@ slices (alternating, so a change in the machine's load falls on both), --seconds
 (ListPodSandbox, ListContainers) and its stats provider (ListPodSandboxStats, ListContainerStats) are two
 concurrent callers, the stats one once per --interval, the PLEG one waiting --interval * U(0.75, 1.25) after
 each relist, so PLEG calls fall at every phase of the stats calls (a List that waits behind a stats sweep
-shows). --sequential: one caller making the four calls one after the other per --interval (before 2026-12-02
+shows). The PLEG caller is a process of its own (until stop 15 a thread of the stats caller's: its timings then
+included the GIL held while the stats responses were decoded, which a Go kubelet does not pay). --sequential: one caller making the four calls one after the other per --interval (before 2026-12-02
 the only mode; a List never overlapped a stats call then). Per daemon: utime+stime from /proc/<pid>/stat (the
 process's own threads, children excluded) of the daemon, of husk-cri's spawner, and summed over the shims
 (husk-shim, or containerd-shim-runc-v2); p50/p99/max of each RPC. Everything is torn down at the end.
@@ -33,7 +34,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from typing import Callable
@@ -183,11 +183,23 @@ class Side:
         if sequential:
             self.relists += self._ticking(RPCS, t_start, seconds, interval)
         else:
-            rng = random.Random(self.relists)
-            pleg = threading.Thread(target=self._pleg, args=(t_start, seconds, interval, rng))
-            pleg.start()
+            # The PLEG caller is another process: in this one it would share the GIL with the stats caller, and
+            # its timings would include the stats responses' decoding (kubelet, in Go, has no such lock)
+            pleg = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--_pleg", self.driver.socket,
+                                     str(seconds), str(interval), str(self.relists), ",".join(sorted(self.rpcs))],
+                                    stdout=subprocess.PIPE, text=True)
+            assert pleg.stdout is not None
+            if pleg.stdout.readline().strip() != "ready":
+                raise RuntimeError(f"{self.name}: the PLEG caller did not start (exit {pleg.wait()})")
+            t_start = time.monotonic()
             self.relists += self._ticking(RPCS[2:], t_start, seconds, interval)
-            pleg.join()
+            got = json.loads(pleg.stdout.read())
+            pleg.wait()
+            for name, values in got["lat"].items():
+                self.lat[name].extend(values)
+            for name, err in got["errors"].items():
+                self.errors.setdefault(name, err)
+            self.pleg_relists += got["relists"]
         self.seconds += time.monotonic() - t_start
         self.add_cpu(before, self.cpu_now())
 
@@ -205,18 +217,48 @@ class Side:
                 tick = time.monotonic()     # late: no burst of catch-up relists
         return n
 
-    def _pleg(self, t_start: float, seconds: float, interval: float, rng: random.Random) -> None:
-        while time.monotonic() - t_start < seconds:
-            self.relist_once(RPCS[:2])
-            self.pleg_relists += 1
-            time.sleep(interval * rng.uniform(0.75, 1.25))
-
     def summary(self) -> dict:
         lat = {r: {"p50": round(percentile(v, 50), 2), "p99": round(percentile(v, 99), 2),
                    "max": round(max(v), 2), "n": len(v)} for r, v in self.lat.items() if v}
         return {"cpu_s": {k: round(v, 2) for k, v in self.cpu.items()}, "window_s": round(self.seconds, 1),
                 "relists": self.relists, "pleg_relists": self.pleg_relists,
                 "latency_ms": lat, "items": self.items, "errors": self.errors}
+
+
+def pleg_caller(socket: str, seconds: float, interval: float, seed: int, rpcs: set[str]) -> int:
+    """The PLEG caller's process (`relist.py --_pleg SOCKET SECONDS INTERVAL SEED RPCS`): ListPodSandbox and
+    ListContainers, then a wait of interval * U(0.75, 1.25), for `seconds` after it prints "ready"; then its
+    latencies as JSON on stdout."""
+    import grpc
+
+    from cri_server.api.v1 import api_pb2 as pb
+    from cri_server.api.v1 import api_pb2_grpc as rpc
+    rt = rpc.RuntimeServiceStub(grpc.insecure_channel(f"unix://{socket}"))
+    calls = {"ListPodSandbox": lambda: rt.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=30),
+             "ListContainers": lambda: rt.ListContainers(pb.ListContainersRequest(), timeout=30)}
+    calls = {k: v for k, v in calls.items() if k in rpcs}
+    rt.Version(pb.VersionRequest(), timeout=30)   # connected before the window
+    print("ready", flush=True)
+    lat: dict[str, list[float]] = {k: [] for k in calls}
+    errors: dict[str, str] = {}
+    rng = random.Random(seed)
+    relists = 0
+    t_start = time.monotonic()
+    while time.monotonic() - t_start < seconds:
+        for name, call in calls.items():
+            if name in errors:
+                continue
+            t0 = time.perf_counter()
+            try:
+                call()
+            except grpc.RpcError as e:
+                errors[name] = f"{e.code().name}: {e.details()}"
+                continue
+            lat[name].append((time.perf_counter() - t0) * 1e3)
+        relists += 1
+        time.sleep(interval * rng.uniform(0.75, 1.25))
+    print(json.dumps({"lat": lat, "errors": errors, "relists": relists}), flush=True)
+    return 0
 
 
 def pss(pids: list[int]) -> int:
@@ -230,6 +272,9 @@ def pss(pids: list[int]) -> int:
 
 
 def main() -> int:
+    if sys.argv[1:2] == ["--_pleg"]:
+        sock, seconds, interval, seed, rpcs = sys.argv[2:7]
+        return pleg_caller(sock, float(seconds), float(interval), int(seed), set(rpcs.split(",")))
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pods", type=int, default=100)
     ap.add_argument("--seconds", type=float, default=300, help="relisting time per daemon")
