@@ -17,7 +17,7 @@ most once per _LAYER_MAX_AGE_NS (as containerd 1.6 walks snapshots every stats_c
 timestamp is the walk's).
 
 A List*Stats call (and the metrics RPCs) never holds the event loop for long: objects are sampled
-_SWEEP_CONCURRENCY at a time (so the shim answers handled in one loop iteration are few) and both the sampling
+_STATS_SWEEP_CONCURRENCY (_SWEEP_CONCURRENCY) at a time (so the work handled in one loop iteration is small) and both the sampling
 and the response's items go in slices of ~_SLICE_S of work, the loop running its other callbacks between two
 slices (Pacer): a ListPodSandbox or ListContainers from kubelet's PLEG that arrives during a sweep of 100 pods
 waits for a slice, not the sweep (it waited for all of it: 300 ms p99 at 100 pods on a loaded machine).
@@ -61,8 +61,14 @@ _LAYER_MAX_AGE_NS = 10_000_000_000
 _SLICE_S = 0.001
 _IDLE_S = 0.0002
 # Objects sampled at once by one sweep: each has its shim call(s) in flight; their answers are what the loop
-# handles between two of its iterations, so this bounds that work too (~0.15 ms an answer).
+# handles between two of its iterations, so this bounds that work too (~0.15 ms an answer). The metrics RPCs
+# ask every object's shim (round trips worth overlapping).
 _SWEEP_CONCURRENCY = 8
+# The stats RPCs read the counters from the cgroup files here (rpc/cgread.py; a shim only when they cannot be):
+# nothing to overlap, and the continuations of several samples in flight ran back to back in one loop
+# iteration, past the Pacer's slice. At 100 pods under kubelet-shaped relisting (scripts/bench/relist, one
+# run each, 2026-12-02) the PLEG calls' p99 went from 25-27 ms with 8 to 10-12 ms with 1, the sweep as long.
+_STATS_SWEEP_CONCURRENCY = 1
 
 
 class Pacer:
@@ -564,7 +570,7 @@ async def list_container_stats(svc: Services, req: pb.ListContainerStatsRequest)
         if req.HasField("filter") else ContainerFilter()
     recs = [r for r in svc.store.list_containers(flt) if not r.extra.get("creating")]
     pacer = Pacer()
-    samples = await sweep(recs, lambda r: sample_container(svc, r), pacer)
+    samples = await sweep(recs, lambda r: sample_container(svc, r), pacer, _STATS_SWEEP_CONCURRENCY)
     forget_gone(svc)
     return pb.ListContainerStatsResponse(stats=await paced(samples, container_stats_from, pacer))
 
@@ -642,6 +648,7 @@ async def list_pod_sandbox_stats(svc: Services,
     flt = SandboxFilter(id=f.id, label_selector=dict(f.label_selector)) if req.HasField("filter") \
         else SandboxFilter()
     pacer = Pacer()
-    samples = await sweep(ready_sandboxes(svc, flt), lambda sb: sample_pod(svc, sb), pacer)
+    samples = await sweep(ready_sandboxes(svc, flt), lambda sb: sample_pod(svc, sb), pacer,
+                          _STATS_SWEEP_CONCURRENCY)
     forget_gone(svc)
     return pb.ListPodSandboxStatsResponse(stats=await paced(samples, sandbox_stats_from, pacer))
