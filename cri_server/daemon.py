@@ -277,6 +277,9 @@ async def serve(config: Config, policy: oom.OomScorePolicy, spawner: Any = None,
         await services.tasks.close()
         if services.streaming is not None:
             await services.streaming.stop()
+        # the exec cleanups of the sessions and ExecSync calls just cancelled, before the shim connections go
+        from cri_server.streaming import shimexec
+        await shimexec.drain_closes(shimexec.KILL_WAIT)
         await services.shims.close()
         phases["shims"] = time.monotonic() - t
         t = time.monotonic()

@@ -15,6 +15,7 @@ import logging
 import os
 import secrets
 import signal
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -188,12 +189,32 @@ class ShimExec:
             await self.client.close()
 
 
+# The closes under way (close_shielded): one whose session was cancelled runs on by itself, and husk-cri's
+# shutdown waits for it (drain_closes) instead of ending the loop under it, which left the exec's process
+# running in its container and the exec in its shim.
+_closing: "weakref.WeakSet[asyncio.Task[None]]" = weakref.WeakSet()
+
+
 async def close_shielded(proc: ShimExec) -> None:
     """proc.close() that runs to its end even when the caller is cancelled (again) meanwhile: a
     cancelled session must still kill and delete its exec."""
     task = asyncio.ensure_future(proc.close())
+    _closing.add(task)
     try:
         await asyncio.shield(task)
     except asyncio.CancelledError:
         task.add_done_callback(lambda t: t.cancelled() or t.exception())
         raise
+
+
+async def drain_closes(timeout: float) -> int:
+    """Waits up to `timeout` seconds for the closes still under way on this loop (those of cancelled
+    sessions: ExecSync calls and streaming sessions ended by a shutdown); returns how many did not end."""
+    loop = asyncio.get_running_loop()
+    pending = [t for t in _closing if not t.done() and t.get_loop() is loop]
+    if not pending:
+        return 0
+    _done, left = await asyncio.wait(pending, timeout=timeout)
+    if left:
+        log.warning("%d exec cleanups still running after %gs; leaving them", len(left), timeout)
+    return len(left)
