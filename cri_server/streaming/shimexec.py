@@ -15,7 +15,6 @@ import logging
 import os
 import secrets
 import signal
-import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -189,10 +188,11 @@ class ShimExec:
             await self.client.close()
 
 
-# The closes under way (close_shielded): one whose session was cancelled runs on by itself, and husk-cri's
-# shutdown waits for it (drain_closes) instead of ending the loop under it, which left the exec's process
-# running in its container and the exec in its shim.
-_closing: "weakref.WeakSet[asyncio.Task[None]]" = weakref.WeakSet()
+# The closes under way (close_shielded): one whose session was cancelled runs on by itself, held here (the
+# loop keeps only weak references to tasks) until it ends, and husk-cri's shutdown waits for it (drain_closes)
+# instead of ending the loop under it, which left the exec's process running in its container and the exec in
+# its shim.
+_closing: "set[asyncio.Task[None]]" = set()
 
 
 async def close_shielded(proc: ShimExec) -> None:
@@ -200,6 +200,7 @@ async def close_shielded(proc: ShimExec) -> None:
     cancelled session must still kill and delete its exec."""
     task = asyncio.ensure_future(proc.close())
     _closing.add(task)
+    task.add_done_callback(_closing.discard)
     try:
         await asyncio.shield(task)
     except asyncio.CancelledError:
@@ -211,7 +212,9 @@ async def drain_closes(timeout: float) -> int:
     """Waits up to `timeout` seconds for the closes still under way on this loop (those of cancelled
     sessions: ExecSync calls and streaming sessions ended by a shutdown); returns how many did not end."""
     loop = asyncio.get_running_loop()
-    pending = [t for t in _closing if not t.done() and t.get_loop() is loop]
+    for t in [t for t in _closing if t.get_loop().is_closed()]:
+        _closing.discard(t)           # left pending by a loop that is gone (a test's): nothing can end them
+    pending = [t for t in _closing if t.get_loop() is loop]
     if not pending:
         return 0
     _done, left = await asyncio.wait(pending, timeout=timeout)
