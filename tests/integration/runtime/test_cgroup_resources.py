@@ -12,11 +12,21 @@ from tests.integration.conftest import run_script
 pytestmark = pytest.mark.root
 
 
+BLKIO = "/sys/fs/cgroup/blkio"
+
+
 def test_blkio_weight_falls_back_to_bfq(husk, make_bundle) -> None:
-    # this kernel has no CFQ: blkio.weight is absent, blkio.bfq.weight takes the value (runc does the same)
-    text = run_script(husk, make_bundle, "cat /sys/fs/cgroup/blkio/blkio.bfq.weight 2>/dev/null || "
-                  "cat /sys/fs/cgroup/blkio/blkio.weight", lambda c: c["linux"]["resources"].update(
-                      blockIO={"weight": 321}))
+    # Kernels without CFQ have no blkio.weight: blkio.bfq.weight takes the value (runc does the same). A kernel
+    # with neither (no BFQ scheduler built in or loaded) refuses the weight, as runc does, naming the field.
+    def edit(c):
+        c["linux"]["resources"].update(blockIO={"weight": 321})
+    script = "cat /sys/fs/cgroup/blkio/blkio.bfq.weight 2>/dev/null || cat /sys/fs/cgroup/blkio/blkio.weight"
+    if not any(os.path.exists(os.path.join(BLKIO, f)) for f in ("blkio.weight", "blkio.bfq.weight")):
+        cp = husk.run(make_bundle(["sh", "-c", script], edit=edit))
+        assert cp.returncode != 0
+        assert "linux.resources.blockIO.weight" in cp.stderr and "blkio.bfq.weight" in cp.stderr, cp.stderr
+        return
+    text = run_script(husk, make_bundle, script, edit)
     assert text.split()[-1] == "321"
 
 
