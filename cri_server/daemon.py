@@ -6,6 +6,7 @@ running gRPC threads must never fork. SIGTERM stops serving and leaves pods and 
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -17,6 +18,8 @@ from cri_server import logs, oom
 from cri_server.config import Config
 
 log = logging.getLogger("cri_server")
+
+_SUN_PATH_MAX = 107   # a unix socket path's bytes (sun_path is 108 with its NUL)
 
 
 class StartupError(RuntimeError):
@@ -225,17 +228,33 @@ async def serve(config: Config, policy: oom.OomScorePolicy, spawner: Any = None,
 
     path = config.socket_path
     clear_stale_socket(path)
+    # Bound under a name of its own and renamed into place once it listens with its mode and group: a client
+    # that waits for the path to appear (a script, a path unit, kubelet's first dial) never finds it refusing
+    # connections or still 0600. gRPC binds in add_insecure_port but listens only in start().
+    bound = os.path.join(os.path.dirname(path), f".{os.getpid()}.sock")
+    if len(bound.encode()) > _SUN_PATH_MAX:
+        bound = path                  # no longer name fits sun_path: bind in place, as before
+    if bound != path:
+        clear_stale_socket(bound)     # a dead husk-cri's, that had our pid
     old_umask = os.umask(0o177)  # the socket is never wider than 0600 before the chmod below
     try:
-        server.add_insecure_port(f"unix://{path}")
+        server.add_insecure_port(f"unix://{bound}")
     finally:
         os.umask(old_umask)
     await server.start()
-    os.chmod(path, int(config.server.socket_mode, 8))
-    if config.server.socket_group:
-        import grp
-        g = config.server.socket_group
-        os.chown(path, -1, int(g) if g.isdigit() else grp.getgrnam(g).gr_gid)
+    try:
+        os.chmod(bound, int(config.server.socket_mode, 8))
+        if config.server.socket_group:
+            import grp
+            g = config.server.socket_group
+            os.chown(bound, -1, int(g) if g.isdigit() else grp.getgrnam(g).gr_gid)
+        if bound != path:
+            os.rename(bound, path)
+    except BaseException:
+        if bound != path:             # e.g. an unknown socket_group: no socket left under the temporary name
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(bound)
+        raise
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -143,6 +144,32 @@ def test_socket_mode_and_sigterm(daemon):
     logs = [json.loads(line) for line in proc.stderr.read().decode().splitlines() if line.startswith("{")]
     assert any(r["msg"] == "husk-cri serving" and r["endpoint"] == f"unix://{sock}" for r in logs)
     assert any("stopping" in r["msg"] for r in logs)
+
+
+def test_socket_appears_only_once_it_listens_with_its_mode(tmp_path):
+    """The first moment the socket's path exists, it takes connections and has its configured mode (it is
+    bound under another name and renamed into place after the listen and the chmod): before, a client that
+    waited for the file could find it refusing connections (gRPC binds, then listens) or still 0600."""
+    sock = str(tmp_path / "run" / "cri.sock")
+    args = [sys.executable, "-m", "cri_server", "--listen", f"unix://{sock}", "--root", str(tmp_path / "root"),
+            "--state", str(tmp_path / "state")]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        while True:                   # no sleep: the first look that finds the path counts
+            try:
+                st = os.lstat(sock)
+                break
+            except FileNotFoundError:
+                if proc.poll() is not None:
+                    raise AssertionError(f"husk-cri exited {proc.returncode}: {proc.stderr.read().decode()}")
+        assert stat.S_ISSOCK(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o660, oct(st.st_mode)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.connect(sock)           # ConnectionRefusedError if it were bound and not yet listening
+        assert [n for n in os.listdir(os.path.dirname(sock)) if n != "cri.sock"] == []
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stderr.close()
 
 
 def test_second_instance_refuses_a_live_socket(daemon, tmp_path):
