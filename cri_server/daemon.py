@@ -50,6 +50,27 @@ def clear_stale_socket(path: str) -> None:
     raise StartupError(f"another server is listening on {path}")
 
 
+def bound_name(path: str, pid: int) -> str:
+    """Where husk-cri binds its CRI socket before renaming it to `path` (see serve())."""
+    return os.path.join(os.path.dirname(path), f".{pid}.sock")
+
+
+def clear_stale_bound(path: str) -> None:
+    """Removes the temporary sockets (bound_name) that husk-cris killed between bind and rename left beside
+    `path`; one that still answers is another husk-cri starting and stays."""
+    d = os.path.dirname(path)
+    try:
+        names = os.listdir(d)
+    except FileNotFoundError:
+        return
+    for n in names:
+        if n.startswith(".") and n.endswith(".sock") and n[1:-5].isdigit():
+            try:
+                clear_stale_socket(os.path.join(d, n))
+            except StartupError:
+                continue
+
+
 def start_spawner(config: Config) -> Any:
     """The single-threaded shim spawner (a fresh, protected interpreter with shim/ and runtime/ imported, see
     shim/spawner.py), started before grpc is imported and before any thread exists: every shim is forked from
@@ -231,11 +252,10 @@ async def serve(config: Config, policy: oom.OomScorePolicy, spawner: Any = None,
     # Bound under a name of its own and renamed into place once it listens with its mode and group: a client
     # that waits for the path to appear (a script, a path unit, kubelet's first dial) never finds it refusing
     # connections or still 0600. gRPC binds in add_insecure_port but listens only in start().
-    bound = os.path.join(os.path.dirname(path), f".{os.getpid()}.sock")
+    bound = bound_name(path, os.getpid())
     if len(bound.encode()) > _SUN_PATH_MAX:
         bound = path                  # no longer name fits sun_path: bind in place, as before
-    if bound != path:
-        clear_stale_socket(bound)     # a dead husk-cri's, that had our pid
+    clear_stale_bound(path)           # a killed husk-cri's (ours too, if it had our pid)
     old_umask = os.umask(0o177)  # the socket is never wider than 0600 before the chmod below
     try:
         server.add_insecure_port(f"unix://{bound}")
