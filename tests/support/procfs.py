@@ -23,6 +23,19 @@ def args(pid: int) -> str:
         return f.read().rstrip(b"\0").replace(b"\0", b" ").decode()
 
 
+def live_with_args(*cmdlines: str) -> list[int]:
+    """Live (non-zombie) processes whose command line (as `args` gives it) is one of `cmdlines`."""
+    import os
+    found = []
+    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            if args(pid) in cmdlines and alive(pid):
+                found.append(pid)
+        except (OSError, UnicodeDecodeError):
+            continue                  # gone meanwhile, or not ours
+    return found
+
+
 def open_files_under(root: str, ignore: tuple[str, ...] = ()) -> list[str]:
     """`pid N: path` for every file under `root` some process holds open (as `lsof +D` would list them), but
     paths containing one of `ignore`; a removed file shows as `path (deleted)`."""

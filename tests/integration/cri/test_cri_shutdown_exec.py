@@ -20,25 +20,9 @@ import pytest
 from cri_server.api.v1 import api_pb2 as pb
 from tests.integration.cri.conftest import BUSYBOX
 from tests.integration.cri.helpers import container_config, pod_config, run_pod, start_container, wait_for
+from tests.support import procfs
 
 pytestmark = [pytest.mark.root, pytest.mark.e2e]
-
-
-def _procs_with_arg(arg: str) -> list[int]:
-    out = []
-    for p in os.listdir("/proc"):
-        if not p.isdigit():
-            continue
-        try:
-            with open(f"/proc/{p}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-            with open(f"/proc/{p}/stat") as f:
-                state = f.read().rpartition(")")[2].split()[0]
-        except OSError:
-            continue
-        if arg.encode() in argv and state != "Z":
-            out.append(int(p))
-    return out
 
 
 def _attach_sockets(cri) -> list[str]:
@@ -58,7 +42,7 @@ def test_sigterm_during_exec_sync_ends_the_exec_first(cri):
     marker = str(600 + int.from_bytes(os.urandom(2), "big"))   # `sleep <marker>`: this test's exec only
     call = rt.ExecSync.future(pb.ExecSyncRequest(container_id=cid, cmd=["sleep", marker], timeout=300),
                               timeout=330)
-    wait_for(lambda: _procs_with_arg(marker), 30, "the exec's process to start")
+    wait_for(lambda: procfs.live_with_args(f"sleep {marker}"), 30, "the exec's process to start")
     assert _attach_sockets(cri), "the exec has no attach socket in its shim"
     proc = cri.proc
     os.kill(shim_pid, signal.SIGSTOP)
@@ -77,5 +61,5 @@ def test_sigterm_during_exec_sync_ends_the_exec_first(cri):
     stopper.join(60)
     assert proc.poll() is not None, "husk-cri did not exit"
     assert not exited_while_frozen, "husk-cri exited before the exec's cleanup could reach the shim"
-    assert not _procs_with_arg(marker), "the exec's process outlived husk-cri"
+    assert not procfs.live_with_args(f"sleep {marker}"), "the exec's process outlived husk-cri"
     assert not _attach_sockets(cri), "the exec is still in its shim"

@@ -2,8 +2,6 @@
 process group but never the container."""
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from cri_server.streaming.execsync import ExecSyncTimeout, exec_sync
@@ -12,6 +10,7 @@ from shim.pb import task_types
 from tests.shim_fixtures import runtimes_available
 from tests.streaming_support.harness import run
 from tests.streaming_support.shim_pods import MARK, assert_no_leaks, start_container, stop_container
+from tests.support import procfs
 
 pytestmark = pytest.mark.root
 
@@ -51,7 +50,7 @@ def test_exec_sync_timeout_kills_the_process_group_only(box):
         with pytest.raises(ExecSyncTimeout):
             await exec_sync(box.shim.address, box.cid, ["sh", "-c", "sleep 4321 & sleep 4322"], timeout=1)
         await assert_no_leaks(box)  # the init alone: both sleeps are dead
-        assert not _host_processes_named(("sleep 4321", "sleep 4322"))
+        assert not procfs.live_with_args("sleep 4321", "sleep 4322")
         assert box.status() == task_types.Status.RUNNING
     run(main)
 
@@ -70,20 +69,3 @@ def test_exec_sync_in_a_stopped_container_is_a_shim_error(tmp_path, box):
     finally:
         stop_container(c)
 
-
-def _host_processes_named(cmdlines: tuple[str, ...]) -> list[int]:
-    """Live (non-zombie) host processes whose command line is one of cmdlines."""
-    found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
-            with open(f"/proc/{pid}/stat") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if cmd in cmdlines and state != "Z":
-            found.append(int(pid))
-    return found
