@@ -11,6 +11,7 @@ import logging
 import os
 import socket
 import stat
+import sys
 import time
 from typing import Any
 
@@ -161,7 +162,6 @@ def exit_now(rc: int) -> None:
     """End the process once serve() has closed everything that holds state (gRPC server, shims' connections,
     databases): flush the logs and stdio and _exit, skipping the interpreter's teardown (the join of executor
     threads, atexit hooks, freeing a gc-frozen heap module by module), which was most of a stop's time."""
-    import sys
     logging.shutdown()
     for f in (sys.stdout, sys.stderr):
         try:
@@ -254,15 +254,15 @@ async def serve(config: Config, policy: oom.OomScorePolicy, spawner: Any = None,
     # connections or still 0600. gRPC binds in add_insecure_port but listens only in start().
     bound = bound_name(path, os.getpid())
     if len(bound.encode()) > _SUN_PATH_MAX:
-        bound = path                  # no longer name fits sun_path: bind in place, as before
+        bound = path                  # the longer name would not fit sun_path: bind in place, as before
     clear_stale_bound(path)           # a killed husk-cri's (ours too, if it had our pid)
     old_umask = os.umask(0o177)  # the socket is never wider than 0600 before the chmod below
     try:
         server.add_insecure_port(f"unix://{bound}")
     finally:
         os.umask(old_umask)
-    await server.start()
     try:
+        await server.start()
         os.chmod(bound, int(config.server.socket_mode, 8))
         if config.server.socket_group:
             import grp
@@ -316,9 +316,11 @@ async def serve(config: Config, policy: oom.OomScorePolicy, spawner: Any = None,
         await services.tasks.close()
         if services.streaming is not None:
             await services.streaming.stop()
-        # the exec cleanups of the sessions and ExecSync calls just cancelled, before the shim connections go
-        from cri_server.streaming import shimexec
-        await shimexec.drain_closes(shimexec.KILL_WAIT)
+        # the exec cleanups of the sessions and ExecSync calls just cancelled, before the shim connections go;
+        # none can be under way if no exec ever loaded the module (then not imported just to find that out)
+        shimexec = sys.modules.get("cri_server.streaming.shimexec")
+        if shimexec is not None:
+            await shimexec.drain_closes(shimexec.KILL_WAIT)
         await services.shims.close()
         phases["shims"] = time.monotonic() - t
         t = time.monotonic()
