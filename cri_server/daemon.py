@@ -316,11 +316,10 @@ async def serve(config: Config, policy: oom.OomScorePolicy, spawner: Any = None,
         await services.tasks.close()
         if services.streaming is not None:
             await services.streaming.stop()
-        # the exec cleanups of the sessions and ExecSync calls just cancelled, before the shim connections go;
-        # none can be under way if no exec ever loaded the module (then not imported just to find that out)
-        shimexec = sys.modules.get("cri_server.streaming.shimexec")
-        if shimexec is not None:
-            await shimexec.drain_closes(shimexec.KILL_WAIT)
+        # the exec cleanups of the sessions and ExecSync calls just cancelled, before the shim connections go
+        # (the module is loaded already: the streaming backend imports it at start-up)
+        from cri_server.streaming import shimexec
+        await shimexec.drain_closes(shimexec.KILL_WAIT)
         await services.shims.close()
         phases["shims"] = time.monotonic() - t
         t = time.monotonic()
