@@ -27,15 +27,17 @@ def setup_logging(container_id: str, debug: bool) -> None:
     setup(container_id, debug)
 
 
-def serve(cfg: ShimConfig, listener: socket.socket | None = None, ready_fd: int = -1) -> int:
-    """Runs the shim for `cfg` until Shutdown; returns the process exit code."""
+def serve(cfg: ShimConfig, listener: socket.socket | None = None, ready_fd: int = -1, title: bool = True) -> int:
+    """Runs the shim for `cfg` until Shutdown; returns the process exit code. `title`: False for the spawner's
+    dry run, which runs in the zygote itself: the zygote must never show as a shim (`pgrep -x husk-shim`)."""
     from runtime.linux import syscalls as sc
     from shim.events import Publisher
     from shim.pb import husk as huskpb, task as taskpb
     from shim.ttrpc_server import Server, Service, listen_unix
 
     sc.set_child_subreaper(True)
-    set_title(f"husk-shim {cfg.id}")   # comm "husk-shim" (pgrep -x husk-shim), args "husk-shim <id>"
+    if title:
+        set_title(f"husk-shim {cfg.id}")   # comm "husk-shim" (pgrep -x husk-shim), args "husk-shim <id>"
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     created_state_dir = not os.path.isdir(cfg.state_dir)
     os.makedirs(cfg.state_dir, mode=0o711, exist_ok=True)

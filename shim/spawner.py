@@ -293,7 +293,7 @@ def _on_alarm(signum: int, frame: object) -> None:
 def _warm_up() -> bool:
     """Runs one shim in the zygote itself before the first fork (serve() on a listener in a private temp dir,
     driven by a forked client as husk-cri drives a pod's shim: `_warm_client`), then puts back what serve()
-    set (signals, wakeup fd, subreaper, title, log prefix) and closes the fds it left.
+    set (signals, wakeup fd, subreaper, log prefix) and closes the fds it left.
 
     CPython 3.11 writes into the code objects it runs (warm-up counters, quickening, specialization caches)
     and into strings whose hash it computes: done here once, those pages stay shared with every shim instead
@@ -302,7 +302,6 @@ def _warm_up() -> bool:
     from runtime.linux import syscalls as sc
     from shim import log as shim_log
     from shim.daemon import serve, setup_logging
-    from runtime.linux.proctitle import set_title
     from shim.ttrpc_server import listen_unix
     fds = set(os.listdir("/proc/self/fd"))
     saved_err = os.dup(2)
@@ -355,7 +354,7 @@ def _warm_up() -> bool:
         signal.setitimer(signal.ITIMER_REAL, WARM_TIMEOUT)
         try:
             setup_logging(WARM_ID, False)
-            serve(cfg, listener=listener)
+            serve(cfg, listener=listener, title=False)   # the zygote keeps its own name throughout
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, old_alarm)
@@ -384,7 +383,6 @@ def _warm_up() -> bool:
                          (signal.SIGINT, signal.SIG_IGN), (signal.SIGPIPE, signal.SIG_IGN)):
             signal.signal(sig, how)
         sc.set_child_subreaper(False)
-        set_title(SPAWNER_NAME)
         shim_log._state.update(level=shim_log.INFO, prefix="husk-shim")
         if ok and not (d and os.path.exists(os.path.join(d, "client.ok"))):
             try:
