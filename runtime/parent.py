@@ -206,12 +206,22 @@ def _create(root: str, container_id: str, cfg: Config, *, console_socket: str | 
         sc.set_child_subreaper(True)
         pid1 = os.fork()
         if pid1 == 0:
-            parent_chan.close()
-            if ctx.idmap_parent_fd >= 0:
-                os.close(ctx.idmap_parent_fd)
-            lock.release()  # a forked copy of the lock fd would keep the state dir locked for the container's life
-            from runtime import child
-            child.run(ctx, child_chan)  # never returns
+            # The child never returns into this function: unwinding would run the caller's Undo (removing the state
+            # dir and cgroup the parent still owns) and then go on as a second copy of the caller.
+            try:
+                parent_chan.close()
+                if ctx.idmap_parent_fd >= 0:
+                    os.close(ctx.idmap_parent_fd)
+                lock.release()  # a forked copy of the lock fd would keep the state dir locked for the container's life
+                from runtime import child
+                child.run(ctx, child_chan)  # never returns
+            except BaseException as e:
+                try:
+                    child_chan.send("error", f"the intermediate process failed: {describe(e)}")
+                except OSError:
+                    pass
+            finally:
+                os._exit(1)
         child_chan.close()
         if ctx.idmap_fd >= 0:
             os.close(ctx.idmap_fd)
@@ -345,6 +355,28 @@ class _Procs:
 
 def _drive(ctx: CreateContext, mgr: Any, chan: Channel, pid1: int, procs: _Procs) -> int:
     """Runs the parent's side of the sync protocol; returns the init's pid once it reports ready."""
+    try:
+        return _protocol(ctx, mgr, chan, pid1, procs)
+    except BrokenPipeError:
+        # every reader is gone: what the child or the init said before it exited is the reason, if anything
+        raise SetupError(_last_error(chan) or "the container init exited during setup") from None
+
+
+def _last_error(chan: Channel) -> str:
+    """The text of an "error" message still unread on `chan`, without waiting for more."""
+    os.set_blocking(chan.rfd, False)
+    try:
+        while True:
+            verb, text = chan.recv()
+            if verb == "error":
+                return text
+            if verb == "eof":
+                return ""
+    except OSError:           # BlockingIOError: nothing more was written
+        return ""
+
+
+def _protocol(ctx: CreateContext, mgr: Any, chan: Channel, pid1: int, procs: _Procs) -> int:
     if mgr is not None and not ctx.cgroup_join:
         t = stages.now()
         mgr.apply(pid1)
