@@ -18,6 +18,7 @@ import json
 import os
 
 from runtime.errors import ConfigError, SetupError
+from runtime.records import Frozen
 from runtime.linux import syscalls
 
 TYPE_CHECKING = False  # importing typing costs ~12 ms; annotations are strings here anyway
@@ -90,30 +91,10 @@ _CACHE_MAGIC = b"HUSKBPF1"
 _CACHE_HEADER = len(_CACHE_MAGIC) + 32  # magic + sha256 of the program
 
 
-# The three records below are small immutable classes, not dataclasses: @dataclass costs about 1 ms per
+# The three records below are small immutable classes (runtime/records.py), not dataclasses: @dataclass costs about 1 ms per
 # class when the module is imported, which is more than loading a cached filter (this is on every start).
 
-class _Record:
-    __slots__: tuple[str, ...] = ()
-
-    def __setattr__(self, name: str, value: object) -> None:
-        raise AttributeError(f"{type(self).__name__} is immutable")
-
-    def _set(self, **fields: object) -> None:
-        for name, value in fields.items():
-            object.__setattr__(self, name, value)
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and all(getattr(self, n) == getattr(other, n) for n in self.__slots__)
-
-    def __hash__(self) -> int:
-        return hash(tuple(getattr(self, n) for n in self.__slots__))
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({', '.join(f'{n}={getattr(self, n)!r}' for n in self.__slots__)})"
-
-
-class Rule(_Record):
+class Rule(Frozen):
     """One `syscalls[i]` entry, checked and converted to libseccomp's numbers."""
 
     __slots__ = ("path", "names", "action", "conditions")
@@ -127,7 +108,7 @@ class Rule(_Record):
         self._set(path=path, names=names, action=action, conditions=conditions)
 
 
-class Profile(_Record):
+class Profile(Frozen):
     """A checked `linux.seccomp` object. Syscall names are checked against libseccomp separately."""
 
     __slots__ = ("default_action", "architectures", "flags", "rules", "listener_path", "listener_metadata")
@@ -148,7 +129,7 @@ class Profile(_Record):
         return any(r.action == ACT_NOTIFY for r in self.rules)
 
 
-class CompiledFilter(_Record):
+class CompiledFilter(Frozen):
     """A BPF program ready to load: `program` is raw `struct sock_filter` records."""
 
     __slots__ = ("program", "flags", "digest", "from_cache", "listener_path", "listener_metadata")
