@@ -135,13 +135,12 @@ def run(root: str, container_id: str, *, interval: float = DEFAULT_INTERVAL, sta
     runc keeps printing errors after the container is gone; husk ends the stream with status 0 instead."""
     import select
     import time
-    from runtime.cgroups import manager_for
     out = out or sys.stdout
     clock = clock or time.monotonic
     rec = st.load(root, container_id)
     if not _running(root, rec):
         raise HuskError(f"container with id {container_id} is not running")
-    mgr = manager_for(rec.cgroup_path)
+    mgr = st.cgroup_manager(rec)
 
     def emit(line: str) -> bool:
         try:

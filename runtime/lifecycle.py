@@ -311,7 +311,7 @@ def update(root: str, container_id: str, resources: dict[str, Any]) -> dict[str,
         apply, merged = up.plan(linux.get("resources") or {}, change)
         if apply:
             # under systemd: the unit's properties too (SetUnitProperties), then the files
-            mgr = manager_for(rec.cgroup_path, rec.systemd_unit or None)
+            mgr = manager_for(rec.cgroup_path, rec.systemd_unit) if rec.systemd_unit else st.cgroup_manager(rec)
             try:
                 mgr.set(apply)
             finally:

@@ -241,6 +241,8 @@ def _create(root: str, container_id: str, cfg: Config, *, console_socket: str | 
             rec.systemd_unit = unit.name
         elif mgr is not None and getattr(mgr, "version", 0) == 1:   # the hierarchies found, for the other verbs
             rec.cgroup_hier = dict(mgr.hier)
+        elif mgr is not None and getattr(mgr, "version", 0) == 2:   # likewise the cgroup2 mount
+            rec.cgroup2_mount = mgr.mountpoint
         st.save(state_dir, rec)
         if pid_file:
             st.write_pid_file(pid_file, init_pid)

@@ -49,13 +49,13 @@ class Record:
     """What create persists for the other verbs. `config` is the full config.json dict.
     A plain class rather than a dataclass: `dataclasses` imports inspect, too slow for `husk state`."""
     __slots__ = ("id", "pid", "pid_start", "bundle", "rootfs", "created", "cgroup_path", "config", "owner",
-                 "annotations", "no_new_keyring", "version", "systemd_unit", "cgroup_hier")
+                 "annotations", "no_new_keyring", "version", "systemd_unit", "cgroup_hier", "cgroup2_mount")
 
     def __init__(self, id: str, pid: int, pid_start: int, bundle: str, rootfs: str, created: str,
                  cgroup_path: str, config: "dict[str, Any]", owner: str = "",
                  annotations: "dict[str, str] | None" = None, no_new_keyring: bool = False,
                  version: int = FORMAT, systemd_unit: str = "",
-                 cgroup_hier: "dict[str, str] | None" = None) -> None:
+                 cgroup_hier: "dict[str, str] | None" = None, cgroup2_mount: str = "") -> None:
         self.id = id
         self.pid = pid
         self.pid_start = pid_start          # /proc/<pid>/stat starttime: detects pid reuse
@@ -74,6 +74,9 @@ class Record:
         # cgroup v1/hybrid: controller -> mount point of its hierarchy as create found them (runc keeps its
         # cgroup_paths too), so the other verbs need not read /proc/self/mountinfo (ms on a node with many mounts)
         self.cgroup_hier = cgroup_hier or {}
+        # cgroup v2: the cgroup2 mount create used, for the same reason (empty in records of older husks: the
+        # verbs then detect the hierarchy as before)
+        self.cgroup2_mount = cgroup2_mount
 
     @property
     def cgroup_driver(self) -> str:
@@ -84,7 +87,8 @@ class Record:
                 "bundle": self.bundle, "rootfs": self.rootfs, "created": self.created,
                 "cgroup_path": self.cgroup_path, "config": self.config, "owner": self.owner,
                 "annotations": self.annotations, "no_new_keyring": self.no_new_keyring,
-                "systemd_unit": self.systemd_unit, "cgroup_hier": self.cgroup_hier}
+                "systemd_unit": self.systemd_unit, "cgroup_hier": self.cgroup_hier,
+                "cgroup2_mount": self.cgroup2_mount}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Record":
@@ -92,7 +96,8 @@ class Record:
                    created=d["created"], cgroup_path=d["cgroup_path"], config=d["config"],
                    owner=d.get("owner", ""), annotations=d.get("annotations") or {},
                    no_new_keyring=d.get("no_new_keyring", False), version=d["version"],
-                   systemd_unit=d.get("systemd_unit", ""), cgroup_hier=d.get("cgroup_hier"))
+                   systemd_unit=d.get("systemd_unit", ""), cgroup_hier=d.get("cgroup_hier"),
+                   cgroup2_mount=d.get("cgroup2_mount", ""))
 
 
 def container_dir(root: str, container_id: str) -> str:
@@ -242,10 +247,14 @@ def status(root: str, rec: Record) -> str:
 
 def cgroup_manager(rec: Record) -> Any:
     """The cgroupfs manager of the container's cgroup (runtime.cgroups.manager_for), on v1 with the hierarchies
-    create recorded. Not for update and delete of a --systemd-cgroup container (they go through systemd)."""
+    create recorded, on v2 with the cgroup2 mount it recorded (no mount table read either way). Not for update and
+    delete of a --systemd-cgroup container (they go through systemd)."""
     if rec.cgroup_hier:
         from runtime.cgroups.v1 import V1Manager
         return V1Manager(rec.cgroup_path, hier=dict(rec.cgroup_hier))
+    if rec.cgroup2_mount:
+        from runtime.cgroups.v2 import V2Manager
+        return V2Manager(rec.cgroup_path, rec.cgroup2_mount)
     from runtime.cgroups import manager_for
     return manager_for(rec.cgroup_path)
 
