@@ -54,6 +54,7 @@ class CreateContext:
         # period; else the runtime applies the intermediate child's pid everywhere before "go"
         self.cgroup_join = False
         self.cgroup_mgr: Any = None          # the runtime's manager, inherited through fork (not re-exec)
+        self.cgroup_placed = False           # v2: the child was cloned into its cgroup (parent._fork_child)
 
     def to_payload(self) -> dict[str, Any]:
         """Plain values for the protected re-exec of the intermediate child (runtime.exeguard), which has not
@@ -148,6 +149,7 @@ def _create(root: str, container_id: str, cfg: Config, *, console_socket: str | 
         fifo_fd = start_listener(fifo)
         undo.callback(_close, fifo_fd)
         mgr: Any = None
+        limits: Any = None   # v2's prepared limits, written after the clone (V2Manager.prepare)
         t = stages.now()
         if unit is not None:
             from runtime.cgroups import systemd
@@ -169,7 +171,12 @@ def _create(root: str, container_id: str, cfg: Config, *, console_socket: str | 
                     and cfg.ns("user") is None)
             if not join:
                 mgr.create()
-                mgr.set(cgroup_resources(cfg))
+                if getattr(mgr, "version", 0) == 2 and sc.clone3_usable():
+                    # v2: the child is cloned straight into the cgroup (_fork_child) and the limits written
+                    # while it starts up, before "go"; checked now, before anything is connected or forked
+                    limits = mgr.prepare(cgroup_resources(cfg))
+                else:
+                    mgr.set(cgroup_resources(cfg))
         else:
             # as runc: an unprivileged runtime that is asked for no resource limits runs the container in its
             # caller's cgroup rather than failing on cgroup directories it may not create
@@ -204,7 +211,7 @@ def _create(root: str, container_id: str, cfg: Config, *, console_socket: str | 
         # the init becomes our child when the intermediate exits, so a failed create can kill and reap it;
         # once we exit it moves on to the next subreaper up (the shim) or to pid 1
         sc.set_child_subreaper(True)
-        pid1 = os.fork()
+        pid1, ctx.cgroup_placed = _fork_child(mgr if limits is not None else None, container_id)
         if pid1 == 0:
             # The child never returns into this function: unwinding would run the caller's Undo (removing the state
             # dir and cgroup the parent still owns) and then go on as a second copy of the caller.
@@ -233,6 +240,10 @@ def _create(root: str, container_id: str, cfg: Config, *, console_socket: str | 
             mgr.create()
             mgr.set(cgroup_resources(cfg))
             stages.since(timings, "cgroups", t)
+        elif limits is not None:
+            t = stages.now()
+            mgr.write(limits)
+            stages.since(timings, "cgroup_limits", t)
         init_pid = _drive(ctx, mgr, parent_chan, pid1, procs)
         rec = st.Record(id=container_id, pid=init_pid, pid_start=_start_time(init_pid), bundle=cfg.bundle,
                         rootfs=cfg.rootfs, created=st.now_rfc3339(), cgroup_path=cgroup_path, config=cfg.raw,
@@ -307,6 +318,31 @@ class Undo:
                 logutil.warning("cleanup step %s failed: %s", getattr(fn, "__name__", fn), e)
 
 
+def _fork_child(mgr: Any, container_id: str) -> tuple[int, bool]:
+    """Forks the intermediate child; with `mgr` (a cgroup v2 manager whose cgroup exists) straight into its
+    cgroup by clone3(CLONE_INTO_CGROUP): no write to cgroup.procs, which waits for an RCU grace period (11-14 ms
+    measured on a v2 host). Returns (pid as os.fork's, whether the child was placed). A cgroup that cannot be
+    opened or a refused clone3 (which forks nothing) falls back to a plain fork, placed by `mgr.apply` later.
+    The child skips os.fork's at-fork handlers (syscalls.fork_into_cgroup): this process is single-threaded and
+    the child only sets up namespaces, forks the init (os.fork, which does them) and exits."""
+    if mgr is None:
+        return os.fork(), False
+    try:
+        fd = os.open(mgr.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as e:
+        logutil.debug("open cgroup %s: %s: forking, then placing the child", mgr.dir, describe(e),
+                      container_id=container_id)
+        return os.fork(), False
+    try:
+        return sc.fork_into_cgroup(fd), True
+    except OSError as e:
+        logutil.debug("clone3 into cgroup %s: %s: forking, then placing the child", mgr.dir, describe(e),
+                      container_id=container_id)
+        return os.fork(), False
+    finally:
+        os.close(fd)
+
+
 class _Procs:
     """The processes a failed create must kill and reap: the intermediate child and, once known, the init."""
 
@@ -379,7 +415,7 @@ def _last_error(chan: Channel) -> str:
 
 
 def _protocol(ctx: CreateContext, mgr: Any, chan: Channel, pid1: int, procs: _Procs) -> int:
-    if mgr is not None and not ctx.cgroup_join:
+    if mgr is not None and not ctx.cgroup_join and not ctx.cgroup_placed:
         t = stages.now()
         mgr.apply(pid1)
         stages.since(ctx.stages, "cgroup_apply", t)

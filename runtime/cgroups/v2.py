@@ -14,6 +14,9 @@ if TYPE_CHECKING:
     from typing import Any
 
     from runtime.cgroups.manager import Stats
+    from runtime.cgroups.v2_resources import Write
+
+    Prepared = tuple[list[Write], Any]   # V2Manager.prepare's: the file writes, the device rules (or None)
 
 from runtime.cgroups import v2_resources
 from runtime.errors import SetupError
@@ -196,8 +199,12 @@ class V2Manager:
         self._write("cgroup.procs", str(pid), f"pid {pid}")
 
     def set(self, resources: dict[str, Any]) -> None:
-        # Everything is validated, and every file looked up, before the first write: a bad config changes
-        # nothing. (A value the kernel itself refuses can still fail part-way, naming the file.)
+        self.write(self.prepare(resources))
+
+    def prepare(self, resources: dict[str, Any]) -> "Prepared":
+        """Validates `resources` and looks up every file it needs in the (existing) cgroup, writing nothing: a
+        bad config changes nothing, and create learns it before it forks anything. `write` applies the result
+        (a value the kernel itself refuses can still fail part-way, naming the file)."""
         writes = v2_resources.plan(resources, self._has_file)
         rules = None
         if resources.get("devices") is not None:
@@ -211,9 +218,14 @@ class V2Manager:
                 log.debug("cgroup %s: %s absent, %s=%s skipped", self.path, w.file, w.field, w.value)
             else:
                 raise SetupError(self._missing_file_reason(w.file, w.field))
+        return todo, rules
+
+    def write(self, prepared: "Prepared") -> None:
+        todo, rules = prepared
         for w in todo:
             self._write(w.file, w.value, w.field)
         if rules is not None:
+            from runtime.cgroups import bpf_devices
             bpf_devices.install(self.dir, rules)
 
     def stats(self, basic: bool = False) -> Stats:
