@@ -160,8 +160,9 @@ def cgroup() -> dict[str, bool]:
     has = importlib.util.find_spec
     rdma = accepts(lambda c: c["linux"].__setitem__("resources", {"rdma": {"mlx5_0": {"hcaHandles": 1}}}))
     return {"v1": has("runtime.cgroups.v1") is not None, "v2": has("runtime.cgroups.v2") is not None,
-            # --systemd-cgroup: transient scopes over D-Bus (cgroups/systemd.py; cgroup v2 hosts, root only)
-            "systemd": has("jeepney") is not None, "systemdUser": False, "rdma": rdma}
+            # --systemd-cgroup: transient scopes over D-Bus with husk's own client (cgroups/systemd.py,
+            # linux/dbus.py; cgroup v2 hosts, root only)
+            "systemd": has("runtime.cgroups.systemd") is not None, "systemdUser": False, "rdma": rdma}
 
 
 def document() -> dict[str, Any]:

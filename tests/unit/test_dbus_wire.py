@@ -550,9 +550,9 @@ def test_a_real_bus_hello_add_match_and_signals(bus_address: str) -> None:
 
 
 def test_the_module_imports_only_builtins_level_modules() -> None:
-    code = ("import sys, os, time; before = set(sys.modules); import runtime.linux.dbus; "
+    code = ("import sys, os, time; before = set(sys.modules); import runtime.linux.dbus, runtime.cgroups.systemd_dbus; "
             "print(' '.join(sorted(set(sys.modules) - before)))")
     out = subprocess.run([sys.executable, "-I", "-S", "-c", f"import sys; sys.path.insert(0, {TOP!r}); {code}"],
                          capture_output=True, text=True, check=True).stdout.split()
     assert set(out) <= {"__future__", "_socket", "_struct", "runtime", "runtime.errors", "runtime.linux",
-                        "runtime.linux.dbus"}, out
+                        "runtime.linux.dbus", "runtime.logutil", "runtime.cgroups", "runtime.cgroups.systemd_dbus"}, out

@@ -1,6 +1,7 @@
 """The systemd cgroup driver without systemd: cgroupsPath parsing and slice expansion, unit names, unit
 properties from linux.resources (runc's conversions), and the D-Bus client's calls against a fake
-org.freedesktop.systemd1 on a private dbus-daemon (skipped where dbus-daemon is not installed)."""
+org.freedesktop.systemd1 (written with jeepney, the independent reference) on a private dbus-daemon (skipped where
+dbus-daemon is not installed) and on a peer socket as /run/systemd/private."""
 from __future__ import annotations
 
 import os
@@ -412,11 +413,20 @@ def test_private_socket_when_there_is_no_system_bus(monkeypatch: pytest.MonkeyPa
 
 
 def test_no_bus_and_no_private_socket_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
-    pytest.importorskip("jeepney")
     from runtime.cgroups import systemd_dbus
     monkeypatch.setenv("DBUS_SYSTEM_BUS_ADDRESS", f"unix:path={tmp_path}/nobus")
     monkeypatch.setattr(systemd_dbus, "PRIVATE_SOCKET", f"{tmp_path}/noprivate")
     with pytest.raises(SetupError, match="system bus.*nobus.*noprivate"):
+        systemd_dbus.connect()
+
+
+def test_a_bad_bus_address_is_an_error_not_a_fallback(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    from runtime.cgroups import systemd_dbus
+    from runtime.linux.dbus import DBusAddressError
+    monkeypatch.setenv("DBUS_SYSTEM_BUS_ADDRESS", f"unix:path={tmp_path}/bus%zz")
+    monkeypatch.setattr(systemd_dbus, "PRIVATE_SOCKET", f"{tmp_path}/private")
+    (tmp_path / "private").write_text("")        # present: the error must not come from the fallback
+    with pytest.raises(DBusAddressError, match=r"D-Bus address .*bus%zz.*bad escape '%zz'"):
         systemd_dbus.connect()
 
 
@@ -430,7 +440,7 @@ def test_cgroup_v1_host_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> Non
 def test_dbus_client_is_not_imported_by_the_driver_module() -> None:
     code = ("import sys; from runtime.cgroups import systemd, manager_for; "
             "manager_for('/system.slice/x.scope', 'x.scope'); "
-            "print(any(m.startswith('jeepney') or m.endswith('systemd_dbus') for m in sys.modules))")
+            "print(any(m.startswith('jeepney') or m.endswith(('systemd_dbus', 'linux.dbus')) for m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     assert out.stdout.strip() == "False"

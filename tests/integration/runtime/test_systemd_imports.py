@@ -1,6 +1,7 @@
-"""The D-Bus client (jeepney) and the systemd driver's modules are imported only with --systemd-cgroup: a
-`husk create`/`start`/`state`/`delete` with the cgroupfs driver imports neither, in the runtime process or in
-the stages it forks (the same audit-hook wrapper as test_seccomp_imports.py)."""
+"""The D-Bus client (runtime.linux.dbus) and the systemd driver's modules are imported only with
+--systemd-cgroup: a `husk create`/`start`/`state`/`delete` with the cgroupfs driver imports neither, in the
+runtime process or in the stages it forks (the same audit-hook wrapper as test_seccomp_imports.py); nor does it
+import jeepney or dbus-fast, which the runtime no longer uses."""
 from __future__ import annotations
 
 import subprocess
@@ -44,7 +45,8 @@ def _imports(husk, *args: str) -> set[str]:
 
 
 def _systemd_modules(names: set[str]) -> set[str]:
-    return {n for n in names if n.startswith(("jeepney", "dbus_fast", "runtime.cgroups.systemd"))}
+    return {n for n in names
+            if n.startswith(("jeepney", "dbus_fast", "runtime.cgroups.systemd", "runtime.linux.dbus"))}
 
 
 def test_cgroupfs_lifecycle_imports_no_dbus_client(husk, make_bundle) -> None:
