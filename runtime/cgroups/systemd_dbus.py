@@ -2,9 +2,9 @@
 
 Owns connecting (the system bus, $DBUS_SYSTEM_BUS_ADDRESS honoured, else systemd's private peer-to-peer socket
 /run/systemd/private, root only), subscribing to the manager's JobRemoved signal, and StartTransientUnit /
-StopUnit / SetUnitProperties / ResetFailedUnit with a wait for each job. Must not decide unit names or
-properties (systemd.py does) nor speak the wire format (runtime/linux/dbus.py does). Imported only when the
-systemd driver is used.
+StopUnit / SetUnitProperties / ResetFailedUnit with a wait for each job, believing a JobRemoved only when it
+comes from systemd. Must not decide unit names or properties (systemd.py does) nor speak the wire format
+(runtime/linux/dbus.py does). Imported only when the systemd driver is used.
 
 The client is husk's own (runtime/linux/dbus.py): jeepney cost ~20 ms of imports (logging, typing, socket,
 enum) on every `husk create/delete/update --systemd-cgroup`; jeepney stays the tests' reference.
@@ -71,50 +71,78 @@ def connect(timeout: float = 5.0) -> "Client":
 
 
 class Client:
-    """Blocking calls on systemd's manager. Every JobRemoved signal seen while waiting for anything is kept,
-    so a job that finishes before its caller starts waiting is not missed."""
+    """Blocking calls on systemd's manager. A JobRemoved is believed only from systemd (see _from_systemd) and
+    only for a job this client started; one that arrives before its caller starts waiting is kept."""
 
     def __init__(self, conn: dbus.Connection, on_bus: bool) -> None:
         self.conn = conn
         self.on_bus = on_bus
-        self._jobs: dict[str, str] = {}     # job path -> result, from JobRemoved
+        self.systemd_name: str | None = None    # systemd's unique name on the bus: the sender of its first reply
+        self._jobs: dict[str, str] = {}         # job path -> result ("" while it runs)
         self._version: int | None = None
 
     def close(self) -> None:
         self.conn.close()
 
     # --- the wire -----------------------------------------------------------------------------------------
+    def _reply_from(self, msg: dbus.Message) -> str | None:
+        """Whose reply counts: on the bus the bus's own for its calls and systemd's (once known) for the rest;
+        on the private socket the peer is systemd."""
+        if not self.on_bus:
+            return None
+        return dbus.BUS_NAME if msg.destination == dbus.BUS_NAME else self.systemd_name
+
     def call(self, what: str, msg: dbus.Message, timeout: float = CALL_TIMEOUT) -> tuple[Any, ...]:
         deadline = time.monotonic() + timeout
         try:
-            reply = self.conn.call(msg, deadline)
+            reply = self.conn.call(msg, deadline, self._reply_from(msg))
         except TimeoutError:
             raise SetupError(f"{what}: systemd did not answer within {timeout:.0f} s") from None
         except (OSError, dbus.DBusProtocolError) as e:
             raise SetupError(f"{what}: D-Bus connection to systemd: {describe(e)}") from None
+        if self.on_bus and msg.destination == SYSTEMD and self.systemd_name is None:
+            if reply.sender is None:
+                raise SetupError(f"{what}: the bus gave systemd's reply no sender")
+            self.systemd_name = reply.sender
         if reply.type == dbus.ERROR:
             raise DBusError(what, reply.error_name or "", dbus.error_text(reply))
         return reply.body
 
+    def _from_systemd(self, msg: dbus.Message) -> bool:
+        """A JobRemoved broadcast by systemd's manager. Match rules only filter broadcasts: any local process can
+        unicast a signal to our connection (it then has a DESTINATION), and only the bus-set SENDER tells who
+        broadcast it. On the private socket the peer is systemd itself."""
+        if (msg.type != dbus.SIGNAL or msg.member != "JobRemoved" or msg.interface != MANAGER_IFACE
+                or msg.path != MANAGER_PATH or msg.signature != "uoss"):
+            return False
+        if msg.destination is not None or (self.on_bus and (self.systemd_name is None
+                                                            or msg.sender != self.systemd_name)):
+            log.debug("systemd: ignoring a JobRemoved from %s to %s: not systemd's broadcast", msg.sender,
+                      msg.destination)
+            return False
+        return True
+
     def wait_job(self, job: str, what: str, timeout: float = JOB_TIMEOUT) -> str:
         """The result of `job` ("done", "failed", "timeout", "canceled", "dependency", "skipped")."""
+        self._jobs.setdefault(job, "")
         deadline = time.monotonic() + timeout
-        while job not in self._jobs:
+        while not self._jobs[job]:
             try:
                 msg = self.conn.receive(deadline)
             except TimeoutError:
                 raise SetupError(f"{what}: systemd's job {job} did not finish within {timeout:.0f} s") from None
             except (OSError, dbus.DBusProtocolError) as e:
                 raise SetupError(f"{what}: D-Bus connection to systemd: {describe(e)}") from None
-            if (msg.type == dbus.SIGNAL and msg.member == "JobRemoved" and msg.interface == MANAGER_IFACE
-                    and msg.signature == "uoss"):
+            if self._from_systemd(msg):
                 _id, path, _unit, result = msg.body
-                self._jobs[path] = result
+                if path in self._jobs:          # not other clients' jobs: nothing piles up
+                    self._jobs[path] = result or "?"
         return self._jobs.pop(job)
 
     def subscribe(self) -> None:
         """JobRemoved reaches us only if we ask: on the bus a match rule plus the manager's Subscribe (it sends
-        job signals only while someone is subscribed); on the private socket Subscribe alone."""
+        job signals only while someone is subscribed); on the private socket Subscribe alone. Subscribe is the
+        first call to systemd: its reply's sender is systemd's unique name."""
         if self.on_bus:
             rule = dbus.match_rule(type="signal", sender=SYSTEMD, interface=MANAGER_IFACE, member="JobRemoved",
                                    path=MANAGER_PATH)

@@ -1,7 +1,8 @@
 """The systemd cgroup driver without systemd: cgroupsPath parsing and slice expansion, unit names, unit
 properties from linux.resources (runc's conversions), and the D-Bus client's calls against a fake
 org.freedesktop.systemd1 (written with jeepney, the independent reference) on a private dbus-daemon (skipped where
-dbus-daemon is not installed) and on a peer socket as /run/systemd/private."""
+dbus-daemon is not installed), on a peer socket as /run/systemd/private, and on a fake bus that lets the tests
+forge signals a real bus would not: a JobRemoved is believed only from systemd."""
 from __future__ import annotations
 
 import os
@@ -213,15 +214,39 @@ def test_state_records_the_driver_and_old_records_load() -> None:
 
 
 # --- the D-Bus client against a fake systemd -----------------------------------------------------------------
+MANAGER_PATH = "/org/freedesktop/systemd1"
+MANAGER_IFACE = "org.freedesktop.systemd1.Manager"
+
+
+def forged_job_removed(kind: str, job_id: int, unit: str, to: str) -> Any:
+    """A JobRemoved saying "done" that the client must not believe: sent straight to the client's connection
+    (`unicast`, `future`), from another sender, on another path, with another signature, interface or member."""
+    from jeepney import DBusAddress, HeaderFields, new_signal
+    job = f"{MANAGER_PATH}/job/{job_id}"
+    path = f"{MANAGER_PATH}/unit/forged" if kind == "path" else MANAGER_PATH
+    iface = "org.freedesktop.systemd1.Forged" if kind == "interface" else MANAGER_IFACE
+    sig, body = ("uosss", (job_id, job, unit, "done", "x")) if kind == "signature" else ("uoss", (job_id, job, unit,
+                                                                                                   "done"))
+    member = "JobForged" if kind == "member" else "JobRemoved"
+    msg = new_signal(DBusAddress(path, interface=iface), member, sig, body)
+    if kind in ("unicast", "future"):
+        msg.header.fields[HeaderFields.destination] = to
+    if kind == "sender":
+        msg.header.fields[HeaderFields.sender] = ":1.66"
+    return msg
+
+
 class FakeManager:
     """org.freedesktop.systemd1.Manager's answers: records every call; StartTransientUnit/StopUnit answer with a
-    job and then emit JobRemoved with `self.result`; a second start of a unit is UnitExists."""
+    job and then emit JobRemoved with `self.result`; a second start of a unit is UnitExists. With `forge` set,
+    forged "done" signals of that kind go out first (for `future`: at Subscribe, for the next jobs' paths)."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, tuple[Any, ...]]] = []
         self.units: set[str] = set()
         self.result = "done"
         self.job_id = 0
+        self.forge = ""
 
     def handle(self, msg: Any) -> list[Any]:
         from jeepney import DBusAddress, HeaderFields, MessageType, new_error, new_method_return, new_signal
@@ -239,11 +264,18 @@ class FakeManager:
             self.job_id += 1
             job = f"/org/freedesktop/systemd1/job/{self.job_id}"
             (self.units.add if member == "StartTransientUnit" else self.units.discard)(name)
-            manager = DBusAddress("/org/freedesktop/systemd1", interface="org.freedesktop.systemd1.Manager")
-            return [new_method_return(msg, "o", (job,)),
+            manager = DBusAddress(MANAGER_PATH, interface=MANAGER_IFACE)
+            caller = msg.header.fields.get(HeaderFields.sender, ":1.42")
+            forged = [forged_job_removed(self.forge, self.job_id, name, caller)] if self.forge not in ("", "future") \
+                else []
+            return [new_method_return(msg, "o", (job,)), *forged,
                     new_signal(manager, "JobRemoved", "uoss", (self.job_id, job, name, self.result))]
         if member == "Get":
             return [new_method_return(msg, "v", (("s", "252.30-1~deb12u2"),))]
+        if member == "Subscribe" and self.forge == "future":
+            caller = msg.header.fields.get(HeaderFields.sender, ":1.42")
+            return [new_method_return(msg), *(forged_job_removed("future", self.job_id + n, "husk-f.scope", caller)
+                                              for n in range(1, 6))]
         return [new_method_return(msg)]   # Subscribe, SetUnitProperties, ResetFailedUnit
 
 
@@ -279,11 +311,14 @@ class FakeSystemd(FakeManager):
 
 class FakePrivateSocket(FakeManager):
     """The fake manager on a peer-to-peer socket, as systemd's /run/systemd/private: the SASL EXTERNAL
-    handshake, then messages without a bus (a Hello would be an unknown method: recorded, and refused)."""
+    handshake, then messages without a bus (a Hello would be an unknown method: recorded, and refused).
+    With `bus`, a fake bus instead: it answers Hello (":1.42") and AddMatch as org.freedesktop.DBus, and sends
+    systemd's messages as ":1.1" unless they name their own sender (what a forger on a real bus cannot do)."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, bus: bool = False) -> None:
         import socket
         super().__init__()
+        self.bus = bus
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(path)
         self.listener.listen(1)
@@ -314,9 +349,23 @@ class FakePrivateSocket(FakeManager):
                         return
                     parser.add_data(chunk)
                     continue
-                for out in self.handle(msg):
+                for out in self._answer(msg):
                     serial += 1
                     conn.sendall(out.serialise(serial=serial))
+
+    def _answer(self, msg: Any) -> list[Any]:
+        from jeepney import HeaderFields, new_method_return
+        member = msg.header.fields.get(HeaderFields.member)
+        if not self.bus:
+            return self.handle(msg)
+        if member in ("Hello", "AddMatch"):
+            reply = new_method_return(msg, "s", (":1.42",)) if member == "Hello" else new_method_return(msg)
+            reply.header.fields[HeaderFields.sender] = "org.freedesktop.DBus"
+            return [reply]
+        out = self.handle(msg)
+        for m in out:
+            m.header.fields.setdefault(HeaderFields.sender, ":1.1")
+        return out
 
     def close(self) -> None:
         self.listener.close()
@@ -428,6 +477,96 @@ def test_a_bad_bus_address_is_an_error_not_a_fallback(monkeypatch: pytest.Monkey
     (tmp_path / "private").write_text("")        # present: the error must not come from the fallback
     with pytest.raises(DBusAddressError, match=r"D-Bus address .*bus%zz.*bad escape '%zz'"):
         systemd_dbus.connect()
+
+
+def _start_must_see_the_real_result(client: Any, unit: str = "husk-f.scope") -> None:
+    """The fake's real JobRemoved says "failed" after the forged "done": a client that believed a forgery
+    would return from start_transient_unit without an error."""
+    with pytest.raises(SetupError, match=rf"{unit}.*'failed'"):
+        client.start_transient_unit(unit, [])
+
+
+@pytest.mark.parametrize("kind", ["unicast", "sender", "path", "signature", "interface", "member", "future"])
+def test_forged_job_signals_on_a_bus_do_not_finish_a_wait(monkeypatch: pytest.MonkeyPatch, tmp_path: Any,
+                                                          kind: str) -> None:
+    pytest.importorskip("jeepney")
+    from runtime.cgroups import systemd_dbus
+    monkeypatch.setenv("DBUS_SYSTEM_BUS_ADDRESS", f"unix:path={tmp_path}/bus")
+    fake = FakePrivateSocket(f"{tmp_path}/bus", bus=True)
+    fake.result, fake.forge = "failed", kind
+    try:
+        client = systemd_dbus.connect()
+        try:
+            assert client.on_bus and client.conn.unique_name == ":1.42" and client.systemd_name == ":1.1"
+            _start_must_see_the_real_result(client)
+        finally:
+            client.close()
+    finally:
+        fake.close()
+
+
+def test_the_fake_bus_signals_are_believed_without_forgeries(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    pytest.importorskip("jeepney")
+    from runtime.cgroups import systemd_dbus
+    monkeypatch.setenv("DBUS_SYSTEM_BUS_ADDRESS", f"unix:path={tmp_path}/bus")
+    fake = FakePrivateSocket(f"{tmp_path}/bus", bus=True)
+    try:
+        client = systemd_dbus.connect()
+        try:
+            client.start_transient_unit("husk-ok.scope", [])     # believed: the start returns
+            fake.result = "failed"
+            _start_must_see_the_real_result(client)
+        finally:
+            client.close()
+    finally:
+        fake.close()
+
+
+@pytest.mark.parametrize("kind", ["unicast", "path", "signature", "interface", "member", "future"])
+def test_forged_job_signals_on_the_private_socket_do_not_finish_a_wait(monkeypatch: pytest.MonkeyPatch,
+                                                                       tmp_path: Any, kind: str) -> None:
+    pytest.importorskip("jeepney")
+    from runtime.cgroups import systemd_dbus
+    monkeypatch.setenv("DBUS_SYSTEM_BUS_ADDRESS", f"unix:path={tmp_path}/nobus")
+    monkeypatch.setattr(systemd_dbus, "PRIVATE_SOCKET", f"{tmp_path}/private")
+    fake = FakePrivateSocket(f"{tmp_path}/private")
+    fake.result, fake.forge = "failed", kind
+    try:
+        client = systemd_dbus.connect()
+        try:
+            assert not client.on_bus
+            _start_must_see_the_real_result(client)
+        finally:
+            client.close()
+    finally:
+        fake.close()
+
+
+def test_forged_job_signals_on_a_real_bus_do_not_finish_a_wait(fake_systemd: FakeSystemd) -> None:
+    """Another local process unicasts "done" for the job paths systemd will hand out next (a match rule does not
+    stop a unicast), and systemd's own connection sends one it cannot mean (unicast, another signature)."""
+    from jeepney import DBusAddress, new_method_call
+    from jeepney.io.blocking import open_dbus_connection
+    from runtime.cgroups import systemd_dbus
+    client = systemd_dbus.connect()
+    attacker = open_dbus_connection(bus=os.environ["DBUS_SYSTEM_BUS_ADDRESS"])
+    try:
+        assert client.systemd_name == fake_systemd.conn.unique_name
+        for n in range(1, 6):
+            attacker.send(forged_job_removed("future", n, "husk-f.scope", client.conn.unique_name))
+        # a round trip with the bus: it has routed the forgeries before it answers
+        attacker.send_and_get_reply(new_method_call(DBusAddress("/org/freedesktop/DBus",
+                                                                bus_name="org.freedesktop.DBus",
+                                                                interface="org.freedesktop.DBus"), "GetId"),
+                                    timeout=5)
+        fake_systemd.result = "failed"
+        fake_systemd.forge = "unicast"
+        _start_must_see_the_real_result(client)
+        fake_systemd.forge = "signature"
+        _start_must_see_the_real_result(client, "husk-g.scope")
+    finally:
+        attacker.close()
+        client.close()
 
 
 def test_cgroup_v1_host_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
