@@ -482,7 +482,7 @@ def test_connect_auth_and_hello_share_one_deadline(tmp_path: Any) -> None:
     try:
         with pytest.raises(TimeoutError):
             dbus.open_bus(f"unix:path={tmp_path}/bus", 0.6)
-        assert time.monotonic() - t0 < 0.75
+        assert time.monotonic() - t0 < 2      # (per-step deadlines would not raise at all: 0.4 s each)
     finally:
         bus.close()
 
