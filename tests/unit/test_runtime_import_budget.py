@@ -1,6 +1,6 @@
 """Every runtime verb is a fresh interpreter (`husk create`, `start`, `delete`, ... as containerd or a shim runs
 them), so what the verbs' modules import is paid on every container start. The modules of the fast CLI path and
-of each cgroup flavour (v1, v2 with its resources and device filter) import none of the heavy standard modules:
+of each cgroup flavour (v1, v2 with its resources and device filter, the systemd driver with its D-Bus client) import none of the heavy standard modules:
 `dataclasses` alone brings inspect, ast, dis, enum, re and tokenize (~8-10 ms), `typing` re (~2-4 ms). No root."""
 from __future__ import annotations
 
@@ -22,6 +22,9 @@ VERB_MODULES = ("runtime.cli", "runtime.fastcli", "runtime.lifecycle", "runtime.
 FLAVOURS = {
     "cgroup v1": ("runtime.cgroups.v1",),
     "cgroup v2": ("runtime.cgroups.v2", "runtime.cgroups.v2_resources", "runtime.cgroups.bpf_devices"),
+    # --systemd-cgroup (containerd with SystemdCgroup=true, kubelet's systemd driver): the D-Bus client too
+    "systemd": ("runtime.cgroups.v2", "runtime.cgroups.v2_resources", "runtime.cgroups.systemd",
+                "runtime.cgroups.systemd_dbus", "runtime.linux.dbus"),
 }
 
 
