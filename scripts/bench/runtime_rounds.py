@@ -7,7 +7,9 @@ busy host's load shifts hit both alike. Per runtime and round, in this order:
   - create+start+delete "after run": right after the runtime's own `run`, when a cgroup.procs write finds the
     rwsem still in its slow mode and skips that wait.
 Wall time of each verb, and the CPU of the three (rusage of the verb's process and what it reaped).
-Usage: runtime_rounds.py OUT LABEL RUNS BUNDLE "HUSK ARGV" "RUNC ARGV"; writes OUT/csd-LABEL.json, prints medians.
+Usage: runtime_rounds.py OUT LABEL RUNS BUNDLE NAME="ARGV" ... (one of them named runc, the anchor; the order
+rotates round by round, e.g. husk="/path/husk --root R" husk-old="..." runc="runc --root R2"); writes
+OUT/csd-LABEL.json and prints medians and ratios to runc.
 Numbers only, not a pass/fail test."""
 from __future__ import annotations
 
@@ -50,13 +52,16 @@ def csd(r: list[str], bundle: str, cid: str) -> dict[str, float]:
 
 def main() -> None:
     out, label, runs, bundle = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-    rts = {"husk": sys.argv[5].split(), "runc": sys.argv[6].split()}
+    rts = {name: argv.split() for name, _, argv in (a.partition("=") for a in sys.argv[5:])}
+    if "runc" not in rts or len(rts) < 2:
+        sys.exit("runtime_rounds.py: give runc=ARGV and at least one other NAME=ARGV")
+    names = list(rts)
     res: dict[str, dict[str, list[float]]] = {
         rt: {f"{kind}_{k}": [] for kind in KINDS for k in ("create", "start", "delete", "cpu")} | {"run": []}
         for rt in rts}
     dn = subprocess.DEVNULL
     for i in range(runs + WARM_ROUNDS):
-        for rt in (("husk", "runc") if i % 2 else ("runc", "husk")):
+        for rt in names[i % len(names):] + names[:i % len(names)]:
             r, cid = rts[rt], f"hb-{rt}-csd"
             subprocess.run(r + ["delete", "-f", cid], stdin=dn, stdout=dn, stderr=dn)
             time.sleep(PAUSE)
@@ -71,16 +76,20 @@ def main() -> None:
     with open(os.path.join(out, f"csd-{label}.json"), "w") as f:
         json.dump(res, f)
     med = {rt: {k: statistics.median(v) for k, v in r.items()} for rt, r in res.items()}
-    print(f"[{label}] run interleaved: husk {med['husk']['run']:.1f} ms, runc {med['runc']['run']:.1f} ms "
-          f"(medians of {runs}), husk/runc {med['husk']['run'] / med['runc']['run']:.2f}")
+    others = [rt for rt in names if rt != "runc"]
+    print(f"[{label}] run interleaved (medians of {runs}): "
+          + ", ".join(f"{rt} {med[rt]['run']:.1f} ms" for rt in names) + "; "
+          + ", ".join(f"{rt}/runc {med[rt]['run'] / med['runc']['run']:.2f}" for rt in others))
     for kind in KINDS:
         tot = {rt: sum(m[f"{kind}_{v}"] for v in ("create", "start", "delete")) for rt, m in med.items()}
-        for rt, m in med.items():
+        for rt in names:
+            m = med[rt]
             print(f"[{label}] {kind:9s} {rt}: create {m[f'{kind}_create']:.1f} start {m[f'{kind}_start']:.1f} "
                   f"delete {m[f'{kind}_delete']:.1f} ms, sum {tot[rt]:.1f} ms, CPU of the three "
                   f"{m[f'{kind}_cpu']:.1f} ms")
-        print(f"[{label}] create+start+delete {kind}: husk/runc {tot['husk'] / tot['runc']:.2f} (wall), "
-              f"{med['husk'][f'{kind}_cpu'] / med['runc'][f'{kind}_cpu']:.2f} (CPU)")
+        for rt in others:
+            print(f"[{label}] create+start+delete {kind}: {rt}/runc {tot[rt] / tot['runc']:.2f} (wall), "
+                  f"{med[rt][f'{kind}_cpu'] / med['runc'][f'{kind}_cpu']:.2f} (CPU)")
 
 
 if __name__ == "__main__":
