@@ -98,6 +98,8 @@ class Client:
             reply = self.conn.call(msg, deadline, self._reply_from(msg))
         except TimeoutError:
             raise SetupError(f"{what}: systemd did not answer within {timeout:.0f} s") from None
+        except dbus.UndecodableMessage as e:
+            raise SetupError(f"{what}: the reply cannot be read: {e}") from None
         except (OSError, dbus.DBusProtocolError) as e:
             raise SetupError(f"{what}: D-Bus connection to systemd: {describe(e)}") from None
         if self.on_bus and msg.destination == SYSTEMD and self.systemd_name is None:

@@ -1,7 +1,9 @@
 """A small blocking D-Bus client: bus addresses, SASL EXTERNAL, the wire format and message framing, over unix sockets.
 
-Owns connecting (one deadline for connect, auth and Hello), marshalling every type but unix fds (`h`) with the
-spec's checks in both directions, cutting the byte stream into messages, and calls that wait for their reply.
+Owns connecting (one deadline for connect, auth and Hello), marshalling with the spec's checks in both directions
+(unix fds, `h`, are read as their u32 index and never written: this client negotiates no fds), cutting the byte
+stream into messages, and calls that wait for their reply. Only a broken stream (framing) ends a connection: a
+whole message that cannot be read is dropped, since anyone on a bus can send us one.
 Must not know any service (systemd's calls are runtime/cgroups/systemd_dbus.py) and must stay cheap to import:
 builtins-level modules only (no typing, logging, re, enum, collections, socket): every `husk` verb run with
 --systemd-cgroup is a fresh interpreter that pays for them.
@@ -16,21 +18,36 @@ import _struct  # what `struct` wraps, without its import
 import os
 import time
 
+from runtime import logutil
 from runtime.errors import SetupError
+
+log = logutil.Logger(__name__)
 
 METHOD_CALL, METHOD_RETURN, ERROR, SIGNAL = 1, 2, 3, 4
 BUS_NAME = "org.freedesktop.DBus"       # the bus itself: destination of Hello/AddMatch, sender of its replies
 BUS_PATH = "/org/freedesktop/DBus"
 MAX_MESSAGE = 1 << 27                   # the spec's limits: 128 MiB a message, 64 MiB an array
 MAX_ARRAY = 1 << 26
-MAX_DEPTH = 64                          # containers and variants inside one another (32 arrays + 32 structs)
+MAX_DEPTH = 64                          # containers and variants around a value (32 arrays + 32 structs)
+MAX_NESTING = 32                        # in a signature: arrays in a row, structs, dict entries (each on its own)
 MAX_LINE = 16384                        # a longer SASL line is not from a D-Bus server
 _RECV_MAX = 1 << 20
+_LOGGED_DROPS = 10                      # per connection: anyone on a bus can send what we cannot read
 
 
 class DBusProtocolError(SetupError):
     """Bytes or values that break the D-Bus specification, sent or received; the message names the signature
     (or header field) and the value."""
+
+
+class UndecodableMessage(DBusProtocolError):
+    """A whole message, cut from the stream by its declared length, that breaks the specification (or uses what
+    this client cannot read). The stream is still in step: the message is dropped, unless it is the awaited reply.
+    `message` has its type, flags and serial, and the header fields that could be read; no body."""
+
+    def __init__(self, text: str, message: Message) -> None:
+        super().__init__(text)
+        self.message = message
 
 
 class DBusAddressError(DBusProtocolError):
@@ -58,14 +75,14 @@ class ConnectionClosed(ConnectionError):
 # --- signatures ---------------------------------------------------------------------------------------------
 # A parsed complete type (a "node"): its type code for a basic type or a variant; ("a", text, element node) for
 # an array; ("a{", text, key code, value node) for a dict; ("(", text, field nodes) for a struct.
-_FIXED = {"y": "B", "b": "I", "n": "h", "q": "H", "i": "i", "u": "I", "x": "q", "t": "Q", "d": "d"}
+_FIXED = {"y": "B", "b": "I", "n": "h", "q": "H", "i": "i", "u": "I", "x": "q", "t": "Q", "d": "d", "h": "I"}
 _LE = {code: _struct.Struct("<" + f) for code, f in _FIXED.items()}
 _BE = {code: _struct.Struct(">" + f) for code, f in _FIXED.items()}
 _RANGE = {"y": (0, 0xFF), "n": (-0x8000, 0x7FFF), "q": (0, 0xFFFF), "i": (-(1 << 31), (1 << 31) - 1),
           "u": (0, (1 << 32) - 1), "x": (-(1 << 63), (1 << 63) - 1), "t": (0, (1 << 64) - 1)}
-_ALIGN = {"y": 1, "g": 1, "v": 1, "n": 2, "q": 2, "b": 4, "i": 4, "u": 4, "s": 4, "o": 4, "a": 4, "a{": 4,
+_ALIGN = {"y": 1, "g": 1, "v": 1, "n": 2, "q": 2, "b": 4, "i": 4, "u": 4, "h": 4, "s": 4, "o": 4, "a": 4, "a{": 4,
           "x": 8, "t": 8, "d": 8, "(": 8}
-_BASIC = "ybnqiuxtdsog"
+_BASIC = "ybnqiuxtdsogh"
 _U32 = _LE["u"]
 _sigs: dict[str, tuple] = {}
 
@@ -81,7 +98,7 @@ def parse_signature(sig: str) -> tuple:
         raise DBusProtocolError(f"D-Bus signature {sig[:40]!r}...: {len(sig)} characters, over 255")
     out, i = [], 0
     while i < len(sig):
-        node, i = _parse_type(sig, i, 0, 0)
+        node, i = _parse_type(sig, i, 0, 0, 0)
         out.append(node)
     nodes = tuple(out)
     if len(_sigs) < 256:          # signatures come from peers too: a bounded cache
@@ -89,40 +106,49 @@ def parse_signature(sig: str) -> tuple:
     return nodes
 
 
-def _parse_type(sig: str, i: int, arrays: int, structs: int) -> tuple:
+def _parse_type(sig: str, i: int, arrays: int, structs: int, dicts: int) -> tuple:
+    """One complete type at `i`. Nesting is counted as libdbus validates signatures (dbus-marshal-validate.c), which
+    is what a bus forwards: array codes in a row (a struct or dict entry between two starts a new row), structs and
+    dict entries each on their own, 32 of each; the body's values are then limited to MAX_DEPTH (see _read)."""
     if i >= len(sig):
         raise _sig_error(sig, "it ends inside a container")
     c = sig[i]
     if c in _BASIC or c == "v":
         return c, i + 1
     if c == "a":
-        if arrays == 32:
-            raise _sig_error(sig, "arrays nested deeper than 32")
+        if arrays == MAX_NESTING:
+            raise _sig_error(sig, f"arrays nested deeper than {MAX_NESTING}")
         if sig[i + 1:i + 2] != "{":
-            elem, j = _parse_type(sig, i + 1, arrays + 1, structs)
+            elem, j = _parse_type(sig, i + 1, arrays + 1, structs, dicts)
             return ("a", sig[i:j], elem), j
-        if structs == 32:
-            raise _sig_error(sig, "structs nested deeper than 32")
+        if dicts == MAX_NESTING:
+            raise _sig_error(sig, f"dict entries nested deeper than {MAX_NESTING}")
         key = sig[i + 2:i + 3]
         if not key or key not in _BASIC:
             raise _sig_error(sig, f"the dict at {i} needs a basic type as its key")
-        value, j = _parse_type(sig, i + 3, arrays + 1, structs + 1)
+        value, j = _parse_type(sig, i + 3, 0, structs, dicts + 1)
         if sig[j:j + 1] != "}":
             raise _sig_error(sig, f"the dict entry at {i + 1} must hold exactly a key and a value")
         return ("a{", sig[i:j + 1], sig[i + 2], value), j + 1
     if c == "(":
-        if structs == 32:
-            raise _sig_error(sig, "structs nested deeper than 32")
+        if structs == MAX_NESTING:
+            raise _sig_error(sig, f"structs nested deeper than {MAX_NESTING}")
         fields, j = [], i + 1
         while sig[j:j + 1] != ")":
-            field, j = _parse_type(sig, j, arrays, structs + 1)
+            field, j = _parse_type(sig, j, 0, structs + 1, dicts)
             fields.append(field)
         if not fields:
             raise _sig_error(sig, f"an empty struct at {i}")
         return ("(", sig[i:j + 1], tuple(fields)), j + 1
-    if c == "h":
-        raise _sig_error(sig, "unix fds (type 'h') are not supported by this client")
     raise _sig_error(sig, f"unexpected {c!r} at {i}")
+
+
+def _sendable(sig: str) -> tuple:
+    """parse_signature(sig) for what we send: never a unix fd (no fds are negotiated, so none could go along)."""
+    nodes = parse_signature(sig)
+    if "h" in sig:
+        raise _sig_error(sig, "unix fds (type 'h') are not sent by this client")
+    return nodes
 
 
 def _sig_error(sig: str, reason: str) -> DBusProtocolError:
@@ -224,14 +250,14 @@ def _write(buf: bytearray, node: str | tuple, v: object, depth: int) -> None:
             buf.append(0)
         elif node == "g":
             data = _utf8(node, v)
-            parse_signature(v)  # type: ignore[arg-type]
+            _sendable(v)  # type: ignore[arg-type]
             buf.append(len(data))
             buf += data
             buf.append(0)
         else:   # "v"
             if not isinstance(v, (tuple, list)) or len(v) != 2 or not isinstance(v[0], str):
                 raise _value_error(node, v, "is not a (signature, value) pair")
-            inner = parse_signature(v[0])
+            inner = _sendable(v[0])
             if len(inner) != 1:
                 raise _value_error(node, v, "has a signature that is not one complete type")
             if depth >= MAX_DEPTH:
@@ -240,7 +266,7 @@ def _write(buf: bytearray, node: str | tuple, v: object, depth: int) -> None:
             _write(buf, inner[0], v[1], depth + 1)
         return
     kind, text = node[0], node[1]
-    if depth >= MAX_DEPTH:
+    if (depth + 2 if kind == "a{" else depth + 1) > MAX_DEPTH:     # as _read counts, but even when empty
         raise _value_error(text, v, f"is nested deeper than {MAX_DEPTH}")
     if kind == "(":
         fields = node[2]
@@ -260,8 +286,8 @@ def _write(buf: bytearray, node: str | tuple, v: object, depth: int) -> None:
         start = len(buf)
         for key, x in v.items():
             _pad(buf, 8)
-            _write(buf, node[2], key, depth + 1)
-            _write(buf, node[3], x, depth + 1)
+            _write(buf, node[2], key, depth + 2)
+            _write(buf, node[3], x, depth + 2)
     else:
         elem = node[2]
         _pad(buf, _ALIGN[elem if type(elem) is str else elem[0]])
@@ -281,7 +307,7 @@ def _write(buf: bytearray, node: str | tuple, v: object, depth: int) -> None:
 
 def encode_values(signature: str, values: tuple | list) -> bytes:
     """`values` marshalled as `signature` from an 8-aligned offset (a message body)."""
-    nodes = parse_signature(signature)
+    nodes = _sendable(signature)
     if not isinstance(values, (tuple, list)) or len(values) != len(nodes):
         raise DBusProtocolError(f"D-Bus signature {signature!r}: {len(nodes)} values expected, got {_show(values)}")
     buf = bytearray()
@@ -316,6 +342,10 @@ def _string_at(data: bytes, pos: int, n: int, end: int, sig: str) -> str:
         raise DBusProtocolError(f"D-Bus type {sig!r} at byte {pos}: not valid UTF-8: {_show(raw)}") from None
 
 
+def _too_deep(sig: str, pos: int) -> DBusProtocolError:
+    return DBusProtocolError(f"D-Bus type {sig!r} at byte {pos}: its contents are nested deeper than {MAX_DEPTH}")
+
+
 def _read(data: bytes, pos: int, end: int, node: str | tuple, fmt: dict, depth: int) -> tuple[object, int]:
     if type(node) is str:
         if node in _FIXED:
@@ -346,17 +376,20 @@ def _read(data: bytes, pos: int, end: int, node: str | tuple, fmt: dict, depth: 
             parse_signature(text)
             return text, pos + 2 + n
         if depth >= MAX_DEPTH:     # "v"
-            raise DBusProtocolError(f"D-Bus variant at byte {pos}: nested deeper than {MAX_DEPTH}")
+            raise _too_deep("v", pos)
         sig, pos = _read(data, pos, end, "g", fmt, depth)
         inner = parse_signature(sig)  # type: ignore[arg-type]
         if len(inner) != 1:
             raise DBusProtocolError(f"D-Bus variant at byte {pos}: signature {sig!r} is not one complete type")
         value, pos = _read(data, pos, end, inner[0], fmt, depth + 1)
         return (sig, value), pos
+    # As libdbus counts (validate_body_helper): the contents of a container are one deeper (a dict's keys and
+    # values two: its entries are structs), and only contents that are read count (not those of an empty array,
+    # nor the numbers of an array of them), with at most MAX_DEPTH containers and variants around a value.
     kind, text = node[0], node[1]
-    if depth >= MAX_DEPTH:
-        raise DBusProtocolError(f"D-Bus type {text!r} at byte {pos}: nested deeper than {MAX_DEPTH}")
     if kind == "(":
+        if depth >= MAX_DEPTH:
+            raise _too_deep(text, pos)
         pos = _skip(data, pos, 8, end, text)
         fields = []
         for field in node[2]:
@@ -375,12 +408,16 @@ def _read(data: bytes, pos: int, end: int, node: str | tuple, fmt: dict, depth: 
     if stop > end:
         raise DBusProtocolError(f"D-Bus type {text!r} at byte {pos}: an array of {n} bytes runs past its container")
     if kind == "a{":
+        if n and depth + 2 > MAX_DEPTH:
+            raise _too_deep(text, pos)
         d = {}
         while pos < stop:
             pos = _skip(data, pos, 8, stop, text)
-            key, pos = _read(data, pos, stop, elem, fmt, depth + 1)
-            d[key], pos = _read(data, pos, stop, node[3], fmt, depth + 1)
+            key, pos = _read(data, pos, stop, elem, fmt, depth + 2)
+            d[key], pos = _read(data, pos, stop, node[3], fmt, depth + 2)
         return d, pos
+    if n and depth >= MAX_DEPTH and (type(elem) is not str or elem not in _FIXED):
+        raise _too_deep(text, pos)
     if elem == "y":
         return bytes(data[pos:stop]), stop
     items = []
@@ -506,17 +543,29 @@ def frame_length(buf: bytes | bytearray) -> int:
 
 
 def decode_message(data: bytes) -> Message:
-    """One whole message (either byte order), checked: header fields, names, padding, body against signature."""
+    """One whole message (either byte order), checked: header fields, names, padding, body against signature.
+    Bytes that are not one whole message are a DBusProtocolError; a whole message that breaks the rules is an
+    UndecodableMessage holding what of its header could be read (the stream around it is still in step)."""
     if len(data) < 16 or frame_length(data) != len(data):
         raise DBusProtocolError(f"D-Bus message of {len(data)} bytes: not one whole message")
-    fmt, end, pos, head = (_LE if data[0] == 0x6C else _BE), len(data), 0, []
+    fmt = _LE if data[0] == 0x6C else _BE
+    msg = Message(data[1], flags=data[2], serial=fmt["u"].unpack_from(data, 8)[0])
+    try:
+        _decode_into(msg, data, fmt)
+    except DBusProtocolError as e:
+        raise UndecodableMessage(str(e), msg) from None
+    return msg
+
+
+def _decode_into(msg: Message, data: bytes, fmt: dict) -> None:
+    """Sets msg's header fields (each once its type is checked) and then its body."""
+    end, pos, head = len(data), 0, []
     for node in _HEADER:
         v, pos = _read(data, pos, end, node, fmt, 0)
         head.append(v)
-    _, mtype, flags, _, body_len, serial, fields = head
-    msg = Message(mtype, flags=flags, serial=serial)
-    where = f"received D-Bus message (type {mtype}, serial {serial})"
-    if serial == 0 or mtype == 0:
+    body_len, fields = head[4], head[6]
+    where = f"received D-Bus message (type {msg.type}, serial {msg.serial})"
+    if msg.serial == 0 or msg.type == 0:
         raise DBusProtocolError(f"{where}: serial and type must not be 0")
     seen = set()
     for code, (sig, value) in fields:
@@ -539,7 +588,6 @@ def decode_message(data: bytes) -> Message:
         msg.body = decode_values(msg.signature, data[pos:], big_endian=fmt is _BE)
     except DBusProtocolError as e:
         raise DBusProtocolError(f"{where} from {msg.sender}: body: {e}") from None
-    return msg
 
 
 class Receiver:
@@ -655,7 +703,8 @@ def unix_sockets(address: str) -> list[tuple[str, bytes]]:
 # --- connections --------------------------------------------------------------------------------------------
 class Connection:
     """One authenticated connection to a bus (unique_name set by Hello) or to a peer (unique_name None).
-    Every wait takes a deadline on time.monotonic(); a failure part-way through a message ends the connection."""
+    Every wait takes a deadline on time.monotonic(); a failure part-way through a message, or bytes that cannot be
+    cut into messages, end the connection; a whole message that cannot be read is dropped (see wait_reply)."""
 
     def __init__(self, sock: _socket.socket, address: str) -> None:
         self.sock = sock
@@ -665,6 +714,7 @@ class Connection:
         self._rx = Receiver()
         self._backlog: list[Message] = []   # signals that arrived while a call waited for its reply
         self._broken = ""
+        self._drops = 0                     # messages that could not be read
 
     def close(self) -> None:
         self._broken = self._broken or "closed"
@@ -699,10 +749,14 @@ class Connection:
             raise
 
     def receive(self, deadline: float) -> Message:
-        """The next message (signals held back by call() first)."""
+        """The next message (signals held back by call() first); one that cannot be read is dropped."""
         if self._backlog:
             return self._backlog.pop(0)
-        return self._next(deadline)
+        while True:
+            msg, bad = self._next(deadline)
+            if bad is None:
+                return msg
+            self._dropped(bad)
 
     def call(self, msg: Message, deadline: float, reply_from: str | None = None) -> Message:
         """Sends `msg` and returns its reply (a method return or an error), taking only one whose sender is
@@ -711,13 +765,19 @@ class Connection:
         return self.wait_reply(serial, deadline, reply_from)
 
     def wait_reply(self, serial: int, deadline: float, reply_from: str | None = None) -> Message:
+        """The reply to `serial` (see call()). Only a reply that cannot be read fails the wait (UndecodableMessage):
+        anyone on a bus can send us a message we cannot read, which is dropped."""
         while True:
-            m = self._next(deadline)
-            if m.type == SIGNAL:
-                self._backlog.append(m)
-            elif (m.type in (METHOD_RETURN, ERROR) and m.reply_serial == serial
-                  and (reply_from is None or m.sender == reply_from)):
+            m, bad = self._next(deadline)
+            if (m.type in (METHOD_RETURN, ERROR) and m.reply_serial == serial
+                    and (reply_from is None or m.sender == reply_from)):
+                if bad is not None:
+                    raise bad
                 return m
+            if bad is not None:
+                self._dropped(bad)
+            elif m.type == SIGNAL:
+                self._backlog.append(m)
 
     def read_line(self, deadline: float) -> bytes:
         while True:
@@ -726,17 +786,28 @@ class Connection:
                 return line
             self._fill(deadline)
 
-    def _next(self, deadline: float) -> Message:
+    def _next(self, deadline: float) -> tuple[Message, UndecodableMessage | None]:
+        """The next whole message, and None; or, for a message that cannot be read, what of it could be and why.
+        Only bytes that cannot be cut into messages end the connection: after them the stream is lost."""
+        self._usable()
         while True:
             try:
                 msg = self._rx.next_message()
                 want = self._rx.missing() if msg is None else 0
+            except UndecodableMessage as e:
+                return e.message, e
             except DBusProtocolError as e:
                 self._broken = str(e)
                 raise
             if msg is not None:
-                return msg
+                return msg, None
             self._fill(deadline, want)
+
+    def _dropped(self, bad: UndecodableMessage) -> None:
+        self._drops += 1
+        if self._drops <= _LOGGED_DROPS:
+            log.debug("D-Bus %s: dropped a message that cannot be read: %s%s", self.address, bad,
+                      " (further ones are not logged)" if self._drops == _LOGGED_DROPS else "")
 
     def _fill(self, deadline: float, want: int = 0) -> None:
         self._usable()

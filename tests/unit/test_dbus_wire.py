@@ -191,13 +191,77 @@ def test_nesting_and_size_limits() -> None:
         dbus.encode_values("ss", ("a",))
 
 
+def test_unix_fds_are_read_as_their_index_and_never_written() -> None:
+    """A bus forwards a body of type 'h' without fds (the index points at none): read as the u32 it is."""
+    assert dbus.decode_values("h", j_serialise("u", (3,))) == (3,)
+    assert dbus.decode_values("yah", j_serialise("yau", (1, [0, 7]))) == (1, [0, 7])
+    assert dbus.decode_values("a{hs}", j_serialise("a{us}", ({5: "x"},))) == ({5: "x"},)
+    assert dbus.decode_values("g", b"\x01h\x00") == ("h",)
+    for sig, values in (("h", (0,)), ("ah", ([],)), ("(yh)", ((1, 2),)), ("v", (("h", 0),)), ("g", ("h",))):
+        with pytest.raises(dbus.DBusProtocolError, match=r"unix fds \(type 'h'\) are not sent"):
+            dbus.encode_values(sig, values)
+
+
+def _nest(inner: Any, levels: int) -> Any:
+    """The value of "a(" * levels + (inner's type) + ")" * levels: each array holds one struct."""
+    for _ in range(levels):
+        inner = [(inner,)]
+    return inner
+
+
+@pytest.mark.parametrize("sig", [
+    "a{sa(" * 17 + "y" + ")}" * 17,                         # 17 dict entries and 17 structs, alternately
+    "(" * 32 + "a{s" * 32 + "y" + "}" * 32 + ")" * 32,     # 32 structs, 32 dict entries, 32 arrays
+    "a(" * 32 + "ay" + ")" * 32,                            # 33 arrays, never two in a row
+    "a" * 32 + "(" + "a" * 32 + "y)",                       # 64 arrays, 32 in a row at most
+], ids=["17-dicts-17-structs", "32-structs-32-dicts", "33-arrays-apart", "64-arrays-32-in-a-row"])
+def test_signatures_nest_as_libdbus_counts(sig: str) -> None:
+    """libdbus (dbus-marshal-validate.c, what dbus-daemon checks before it forwards a message) counts array codes
+    in a row, structs and dict entries each on their own, 32 of each; husk counted a dict as an array and a
+    struct, and every array, so a bus forwarded messages husk refused."""
+    assert len(dbus.parse_signature(sig)) == 1
+    if sig[0] == "a":                                       # an empty outer array both ways, as jeepney writes it
+        empty = {} if sig[1] == "{" else []
+        data = dbus.encode_values(sig, (empty,))
+        assert data == j_serialise(sig, (empty,)) and dbus.decode_values(sig, data) == (empty,)
+
+
+@pytest.mark.parametrize("sig, reason", [
+    ("a" * 33 + "y", "arrays nested deeper than 32"), ("(" * 33 + "y" + ")" * 33, "structs nested deeper than 32"),
+    ("a{s" * 33 + "y" + "}" * 33, "dict entries nested deeper than 32"),
+    ("(a" * 32 + "(y)" + ")" * 32, "structs nested deeper than 32"),
+], ids=["33-arrays", "33-structs", "33-dicts", "33-structs-apart"])
+def test_signatures_nested_deeper_than_libdbus_takes_are_refused(sig: str, reason: str) -> None:
+    with pytest.raises(dbus.DBusProtocolError, match=reason):
+        dbus.parse_signature(sig)
+
+
+def test_values_nest_64_deep_as_libdbus_counts() -> None:
+    """At most 64 containers around a value that is read: the bytes of an array at depth 64 are not (libdbus does
+    not look into an array of numbers), the structs of one are; a dict's keys and values are two deeper."""
+    sig = "a(" * 32 + "ay" + ")" * 32
+    value = _nest(b"x", 32)
+    assert dbus.decode_values(sig, j_serialise(sig, (value,))) == (value,)
+    sig = "a(" * 32 + "as" + ")" * 32
+    assert dbus.decode_values(sig, j_serialise(sig, (_nest([], 32),))) == (_nest([], 32),)
+    with pytest.raises(dbus.DBusProtocolError, match="nested deeper than 64"):
+        dbus.decode_values(sig, j_serialise(sig, (_nest(["x"], 32),)))
+    sig = "a(" * 31 + "a{yy}" + ")" * 31                   # the dict at depth 62: its entries' values at 64
+    value = _nest({1: 2}, 31)
+    assert dbus.decode_values(sig, j_serialise(sig, (value,))) == (value,)
+    sig = "a(" * 31 + "aa{yy}" + ")" * 31                  # at depth 63: its values at 65
+    with pytest.raises(dbus.DBusProtocolError, match="nested deeper than 64"):
+        dbus.decode_values(sig, j_serialise(sig, (_nest([{1: 2}], 31),)))
+    assert dbus.decode_values(sig, j_serialise(sig, (_nest([{}], 31),))) == (_nest([{}], 31),)
+
+
 @pytest.mark.parametrize("sig, data, reason", [
     ("u", b"\x01\x00", "ends before the value"),
     ("yu", b"\x01\x01\x00\x00\x05\x00\x00\x00", "padding that is not zero"),
     ("s", b"\x02\x00\x00\x00ab", "ends before"),
     ("s", b"\x02\x00\x00\x00abX", "NUL-terminated"), ("s", b"\x03\x00\x00\x00a\x00b\x00", "without NULs"),
     ("s", b"\x02\x00\x00\x00\xff\xfe\x00", "not valid UTF-8"), ("o", b"\x01\x00\x00\x00x\x00", "not an object path"),
-    ("g", b"\x01h\x00", "unix fds"), ("v", b"\x02ss\x00", "not one complete type"),
+    ("g", b"\x01z\x00", "unexpected 'z'"), ("v", b"\x02ss\x00", "not one complete type"),
     ("au", b"\x08\x00\x00\x00\x01\x00\x00\x00", "runs past"),
     ("au", b"\x06\x00\x00\x00\x01\x00\x00\x00\x02\x00", "ends before"),      # an element cut by the length
     ("ay", b"\x01\x00\x00\x04", "over the 64 MiB limit"),
@@ -383,6 +447,37 @@ def test_call_keeps_signals_and_skips_other_replies(pair: tuple[dbus.Connection,
     assert call.header.serial == 1 and call.header.fields[HeaderFields.member] == "M"
 
 
+BAD_UTF8 = b"\x02\x00\x00\x00\xff\xfe\x00"                   # a body of type 's' that is not UTF-8
+
+
+def _reply(serial: int, reply_serial: int, sender: str, body: bytes = b"\x03\x00\x00\x00abc\x00") -> bytes:
+    return _raw_message([(5, ("u", reply_serial)), (7, ("s", sender)), (8, ("g", "s"))], body, mtype=2, serial=serial)
+
+
+def test_a_message_that_cannot_be_read_is_dropped_and_the_connection_lives_on(
+        pair: tuple[dbus.Connection, socket.socket]) -> None:
+    """A whole message was cut from the stream by its length: the stream is in step, and anyone on a bus can send
+    us one we cannot read. Only the awaited reply fails its call; bytes that cannot be cut into messages end it."""
+    conn, peer = pair
+    bad_signal = _raw_message(SIGNAL_FIELDS + [(6, ("s", ":1.42")), (8, ("g", "s"))], BAD_UTF8, serial=5)
+    good_signal = _raw_message(SIGNAL_FIELDS + [(8, ("g", "s"))], b"\x02\x00\x00\x00ok\x00", serial=6)
+    peer.sendall(bad_signal + _reply(7, 1, ":1.666", BAD_UTF8) + good_signal + _reply(8, 1, "org.x"))
+    reply = conn.call(dbus.method_call("org.x", "/p", "org.x.I", "M"), time.monotonic() + 5, reply_from="org.x")
+    assert reply.body == ("abc",)
+    assert conn.receive(time.monotonic() + 5).body == ("ok",)         # the unreadable signal was dropped
+    peer.sendall(bad_signal + _reply(9, 2, "org.x", BAD_UTF8))
+    with pytest.raises(dbus.UndecodableMessage, match="serial 9.*not valid UTF-8") as err:
+        conn.call(dbus.method_call("org.x", "/p", "org.x.I", "M"), time.monotonic() + 5, reply_from="org.x")
+    assert (err.value.message.reply_serial, err.value.message.sender) == (2, "org.x")
+    peer.sendall(bad_signal + _reply(10, 3, "org.x"))
+    assert conn.call(dbus.method_call("org.x", "/p", "org.x.I", "M"), time.monotonic() + 5, "org.x").body == ("abc",)
+    peer.sendall(bad_signal + b"X" * 16)
+    with pytest.raises(dbus.DBusProtocolError, match="endianness byte"):
+        conn.receive(time.monotonic() + 5)
+    with pytest.raises(dbus.ConnectionClosed, match="unusable.*endianness"):
+        conn.receive(time.monotonic() + 5)
+
+
 # --- addresses ----------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("address, sockets", [
     ("unix:path=/run/dbus/system_bus_socket", [b"/run/dbus/system_bus_socket"]),
@@ -546,6 +641,37 @@ def test_a_real_bus_hello_add_match_and_signals(bus_address: str) -> None:
         assert bad.type == dbus.ERROR and bad.error_name == "org.freedesktop.DBus.Error.UnknownMethod"
     finally:
         other.close()
+        conn.close()
+
+
+def _unicast_signal(sig: str, body: bytes, to: str) -> bytes:
+    """A signal straight to `to`, marshalled by hand: neither husk nor jeepney writes these signatures."""
+    return _raw_message([(1, ("o", "/x")), (2, ("s", "a.b")), (3, ("s", "Boom")), (6, ("s", to)), (8, ("g", sig))],
+                        body, serial=99)
+
+
+def test_what_a_real_bus_forwards_does_not_break_the_connection(bus_address: str) -> None:
+    """Any local user can send these to husk's connection, and dbus-daemon forwards them: type 'h' without fds,
+    and 17 dict entries and 17 structs nested alternately (libdbus counts them apart). Each ended the connection."""
+    from jeepney.io.blocking import open_dbus_connection
+    conn = dbus.open_bus(bus_address, 5)
+    attacker = open_dbus_connection(bus=bus_address)
+    try:
+        deep = "a{sa(" * 17 + "y" + ")}" * 17
+        attacker.sock.sendall(_unicast_signal("h", b"\x00\x00\x00\x00", conn.unique_name)
+                              + _unicast_signal(deep, bytes(8), conn.unique_name))
+        attacker.send_and_get_reply(new_method_call(DBusAddress(dbus.BUS_PATH, bus_name=dbus.BUS_NAME,
+                                                                interface=dbus.BUS_NAME), "GetId"), timeout=5)
+        # the bus routed both before it answered the attacker, and so before it answers us
+        reply = conn.call(dbus.method_call(dbus.BUS_NAME, dbus.BUS_PATH, dbus.BUS_NAME, "GetId"),
+                          time.monotonic() + 5, dbus.BUS_NAME)
+        assert reply.type == dbus.METHOD_RETURN and reply.signature == "s"
+        got = [conn.receive(time.monotonic() + 5) for _ in range(3)]
+        assert [(m.member, m.sender, m.signature, m.body) for m in got] == [
+            ("NameAcquired", dbus.BUS_NAME, "s", (conn.unique_name,)),
+            ("Boom", attacker.unique_name, "h", (0,)), ("Boom", attacker.unique_name, deep, ({},))]
+    finally:
+        attacker.close()
         conn.close()
 
 
