@@ -37,6 +37,7 @@ JOB_TIMEOUT = 30.0    # s for a job to finish, as runc waits
 UNIT_EXISTS = "org.freedesktop.systemd1.UnitExists"
 NO_SUCH_UNIT = "org.freedesktop.systemd1.NoSuchUnit"
 LOAD_FAILED = "org.freedesktop.systemd1.LoadFailed"
+_LOGGED_IGNORED = 5   # forged JobRemoved signals logged per client: anyone on the bus can send a flood of them
 
 
 def _method(target: tuple[str, str, str], member: str, signature: str = "", body: tuple = ()) -> dbus.Message:
@@ -72,7 +73,8 @@ def connect(timeout: float = 5.0) -> "Client":
 
 class Client:
     """Blocking calls on systemd's manager. A JobRemoved is believed only from systemd (see _from_systemd) and
-    only for a job this client started; one that arrives before its caller starts waiting is kept."""
+    only for a job this client started; one that arrives before its caller starts waiting is kept (while a call
+    waits for its reply, the connection holds back systemd's JobRemoved broadcasts and drops other signals)."""
 
     def __init__(self, conn: dbus.Connection, on_bus: bool) -> None:
         self.conn = conn
@@ -80,6 +82,7 @@ class Client:
         self.systemd_name: str | None = None    # systemd's unique name on the bus: the sender of its first reply
         self._jobs: dict[str, str] = {}         # job path -> result ("" while it runs)
         self._version: int | None = None
+        self._ignored = 0                       # JobRemoved signals not from systemd (forgeries)
 
     def close(self) -> None:
         self.conn.close()
@@ -95,7 +98,7 @@ class Client:
     def call(self, what: str, msg: dbus.Message, timeout: float = CALL_TIMEOUT) -> tuple[Any, ...]:
         deadline = time.monotonic() + timeout
         try:
-            reply = self.conn.call(msg, deadline, self._reply_from(msg))
+            reply = self.conn.call(msg, deadline, self._reply_from(msg), keep=self._from_systemd)
         except TimeoutError:
             raise SetupError(f"{what}: systemd did not answer within {timeout:.0f} s") from None
         except dbus.UndecodableMessage as e:
@@ -119,8 +122,11 @@ class Client:
             return False
         if msg.destination is not None or (self.on_bus and (self.systemd_name is None
                                                             or msg.sender != self.systemd_name)):
-            log.debug("systemd: ignoring a JobRemoved from %s to %s: not systemd's broadcast", msg.sender,
-                      msg.destination)
+            self._ignored += 1
+            if self._ignored <= _LOGGED_IGNORED:
+                log.debug("systemd: ignoring a JobRemoved from %s to %s: not systemd's broadcast%s", msg.sender,
+                          msg.destination, " (further ones are not logged)" if self._ignored == _LOGGED_IGNORED
+                          else "")
             return False
         return True
 

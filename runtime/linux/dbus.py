@@ -21,6 +21,10 @@ import time
 from runtime import logutil
 from runtime.errors import SetupError
 
+TYPE_CHECKING = False  # typing costs ~2 ms to import; annotations are strings here
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
 log = logutil.Logger(__name__)
 
 METHOD_CALL, METHOD_RETURN, ERROR, SIGNAL = 1, 2, 3, 4
@@ -33,6 +37,8 @@ MAX_NESTING = 32                        # in a signature: arrays in a row, struc
 MAX_LINE = 16384                        # a longer SASL line is not from a D-Bus server
 _RECV_MAX = 1 << 20
 _LOGGED_DROPS = 10                      # per connection: anyone on a bus can send what we cannot read
+MAX_HELD = 4096                         # signals kept for receive() while calls wait (beyond: the oldest go),
+MAX_HELD_BYTES = 16 << 20               # and their bytes on the wire
 
 
 class DBusProtocolError(SetupError):
@@ -593,10 +599,11 @@ def _decode_into(msg: Message, data: bytes, fmt: dict) -> None:
 class Receiver:
     """The byte stream from a peer cut into messages. One bytearray: appends are amortised O(1) and deleting a
     prefix only moves its start, so a message split over many reads costs no quadratic copying."""
-    __slots__ = ("buf",)
+    __slots__ = ("buf", "last")
 
     def __init__(self) -> None:
         self.buf = bytearray()
+        self.last = 0           # the size of the message next_message() cut last
 
     def feed(self, data: bytes) -> None:
         self.buf += data
@@ -616,6 +623,7 @@ class Receiver:
             return None
         data = bytes(buf[:n])
         del buf[:n]
+        self.last = n
         return decode_message(data)
 
     def take_line(self) -> bytes | None:
@@ -712,7 +720,12 @@ class Connection:
         self.unique_name: str | None = None
         self._serial = 0
         self._rx = Receiver()
-        self._backlog: list[Message] = []   # signals that arrived while a call waited for its reply
+        # Signals that arrived while a call waited for its reply, with their sizes, from _held[_head] on: a list
+        # and a head index (no collections.deque: its import is what this module avoids), bounded by MAX_HELD.
+        self._held: list[tuple[Message, int]] = []
+        self._head = 0
+        self._held_bytes = 0
+        self._overflow = 0                  # signals dropped from the full backlog
         self._broken = ""
         self._drops = 0                     # messages that could not be read
 
@@ -749,22 +762,32 @@ class Connection:
             raise
 
     def receive(self, deadline: float) -> Message:
-        """The next message (signals held back by call() first); one that cannot be read is dropped."""
-        if self._backlog:
-            return self._backlog.pop(0)
+        """The next message: first the signals call() held back, oldest first. One that cannot be read is dropped.
+        TimeoutError once `deadline` has passed, even while signals are held: a flood must not outlast it."""
+        if self._head < len(self._held):
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"D-Bus {self.address}: the deadline passed ({self.held_signals()} signals held)")
+            return self._take()
         while True:
             msg, bad = self._next(deadline)
             if bad is None:
                 return msg
             self._dropped(bad)
 
-    def call(self, msg: Message, deadline: float, reply_from: str | None = None) -> Message:
-        """Sends `msg` and returns its reply (a method return or an error), taking only one whose sender is
-        `reply_from` when given. Signals that come first are kept for receive(); anything else is dropped."""
-        serial = self.send(msg, deadline)
-        return self.wait_reply(serial, deadline, reply_from)
+    def held_signals(self) -> int:
+        """How many signals call() has held back for receive()."""
+        return len(self._held) - self._head
 
-    def wait_reply(self, serial: int, deadline: float, reply_from: str | None = None) -> Message:
+    def call(self, msg: Message, deadline: float, reply_from: str | None = None,
+             keep: Callable[[Message], bool] | None = None) -> Message:
+        """Sends `msg` and returns its reply (a method return or an error), taking only one whose sender is
+        `reply_from` when given. Signals that come first are held for receive() if `keep(signal)` (all without
+        `keep`), up to MAX_HELD of them; anything else is dropped."""
+        serial = self.send(msg, deadline)
+        return self.wait_reply(serial, deadline, reply_from, keep)
+
+    def wait_reply(self, serial: int, deadline: float, reply_from: str | None = None,
+                   keep: Callable[[Message], bool] | None = None) -> Message:
         """The reply to `serial` (see call()). Only a reply that cannot be read fails the wait (UndecodableMessage):
         anyone on a bus can send us a message we cannot read, which is dropped."""
         while True:
@@ -776,8 +799,39 @@ class Connection:
                 return m
             if bad is not None:
                 self._dropped(bad)
-            elif m.type == SIGNAL:
-                self._backlog.append(m)
+            elif m.type == SIGNAL and (keep is None or keep(m)):
+                self._hold(m, self._rx.last)
+
+    def _hold(self, msg: Message, size: int) -> None:
+        held = self._held
+        held.append((msg, size))
+        self._held_bytes += size
+        while len(held) - self._head > MAX_HELD or (self._held_bytes > MAX_HELD_BYTES and
+                                                   len(held) - self._head > 1):
+            self._held_bytes -= held[self._head][1]
+            self._head += 1
+            self._overflow += 1
+            if self._overflow == 1:
+                log.warning("D-Bus %s: over %d signals (or %d MiB) arrived while calls waited for replies: "
+                            "dropping the oldest (further drops are not logged)", self.address, MAX_HELD,
+                            MAX_HELD_BYTES >> 20)
+        self._compact()
+
+    def _take(self) -> Message:
+        msg, size = self._held[self._head]
+        self._head += 1
+        self._held_bytes -= size
+        self._compact()
+        return msg
+
+    def _compact(self) -> None:
+        """Forgets the taken and dropped entries, every 1024 (each entry is moved a few times at most)."""
+        if self._head == len(self._held):
+            self._held.clear()
+            self._head = 0
+        elif self._head >= 1024:
+            del self._held[:self._head]
+            self._head = 0
 
     def read_line(self, deadline: float) -> bytes:
         while True:
@@ -791,6 +845,8 @@ class Connection:
         Only bytes that cannot be cut into messages end the connection: after them the stream is lost."""
         self._usable()
         while True:
+            if time.monotonic() >= deadline:    # whole messages may keep coming without a wait on the socket
+                raise TimeoutError(f"D-Bus {self.address}: the deadline passed before what was awaited arrived")
             try:
                 msg = self._rx.next_message()
                 want = self._rx.missing() if msg is None else 0

@@ -478,6 +478,69 @@ def test_a_message_that_cannot_be_read_is_dropped_and_the_connection_lives_on(
         conn.receive(time.monotonic() + 5)
 
 
+def _signals(n: int, member: str = "S") -> bytes:
+    """n signals, their body their number."""
+    return b"".join(dbus.encode_message(dbus.Message(dbus.SIGNAL, path="/s", interface="org.x.I", member=member,
+                                                     signature="u", body=(i,)), i + 1) for i in range(n))
+
+
+def test_held_signals_are_bounded_oldest_first_and_filtered(pair: tuple[dbus.Connection, socket.socket]) -> None:
+    """A call held every signal that came before its reply, without bound: anyone on a bus can send them."""
+    conn, peer = pair
+    extra = 300
+    threading.Thread(target=peer.sendall, args=(_signals(dbus.MAX_HELD + extra) + _reply(1, 1, "org.x"),),
+                     daemon=True).start()
+    conn.call(dbus.method_call("org.x", "/p", "org.x.I", "M"), time.monotonic() + 10, "org.x")
+    assert conn.held_signals() == dbus.MAX_HELD
+    first = conn.receive(time.monotonic() + 5)
+    assert first.body == (extra,)                   # the oldest went
+    while conn.held_signals():
+        last = conn.receive(time.monotonic() + 5)
+    assert last.body == (dbus.MAX_HELD + extra - 1,)
+    # with `keep`, only what it accepts is held
+    peer.sendall(_signals(50) + _signals(1, "Wanted") + _signals(50) + _reply(2, 2, "org.x"))
+    conn.call(dbus.method_call("org.x", "/p", "org.x.I", "M"), time.monotonic() + 5, "org.x",
+              keep=lambda m: m.member == "Wanted")
+    assert conn.held_signals() == 1 and conn.receive(time.monotonic() + 5).member == "Wanted"
+
+
+def test_receive_keeps_its_deadline_while_signals_are_held(pair: tuple[dbus.Connection, socket.socket]) -> None:
+    """receive() handed out held signals without looking at the clock: a caller's loop over a flood held by a
+    call (systemd_dbus.wait_job) ran past its timeout."""
+    conn, peer = pair
+    peer.sendall(_signals(3) + _reply(4, 1, "org.x"))
+    conn.call(dbus.method_call("org.x", "/p", "org.x.I", "M"), time.monotonic() + 5, "org.x")
+    assert conn.held_signals() == 3
+    with pytest.raises(TimeoutError, match="deadline passed"):
+        conn.receive(time.monotonic() - 0.001)
+    assert [conn.receive(time.monotonic() + 5).body for _ in range(3)] == [(0,), (1,), (2,)]
+
+
+def test_a_flood_does_not_outlast_a_calls_deadline(pair: tuple[dbus.Connection, socket.socket]) -> None:
+    """Whole messages already in the buffer were taken without a look at the clock."""
+    conn, peer = pair
+    stop = threading.Event()
+    blob = _signals(2000)
+
+    def flood() -> None:
+        try:
+            while not stop.is_set():
+                peer.sendall(blob)
+        except OSError:
+            return
+    thread = threading.Thread(target=flood, daemon=True)
+    thread.start()
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError):
+            conn.call(dbus.method_call("org.x", "/p", "org.x.I", "M"), t0 + 0.5, "org.x", keep=lambda m: False)
+        assert time.monotonic() - t0 < 2.5 and conn.held_signals() == 0
+    finally:
+        stop.set()
+        peer.shutdown(socket.SHUT_RDWR)
+        thread.join(5)
+
+
 # --- addresses ----------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("address, sockets", [
     ("unix:path=/run/dbus/system_bus_socket", [b"/run/dbus/system_bus_socket"]),

@@ -569,6 +569,63 @@ def test_forged_job_signals_on_a_real_bus_do_not_finish_a_wait(fake_systemd: Fak
         client.close()
 
 
+def test_a_signal_flood_neither_piles_up_nor_outlasts_the_timeouts() -> None:
+    """While a call waited for its reply, every signal from anyone was held in an unbounded list, and wait_job
+    then took them with no look at its deadline. Now a call holds only systemd's JobRemoved broadcasts (the check
+    that believes them), and every wait ends within its timeout while forgeries and others' broadcasts pour in."""
+    import _socket
+    import socket
+    import time
+    from runtime.cgroups import systemd_dbus
+    from runtime.linux import dbus
+    ours, peer = socket.socketpair()
+    conn = dbus.Connection(_socket.socket(fileno=ours.detach()), "unix:path=/fake-bus")
+    conn.unique_name = ":1.42"
+    client = systemd_dbus.Client(conn, on_bus=True)
+    client.systemd_name = ":1.1"
+    job = f"{MANAGER_PATH}/job/7"
+    manager = dict(path=MANAGER_PATH, interface=MANAGER_IFACE, member="JobRemoved", signature="uoss",
+                   body=(7, job, "husk-f.scope", "done"))
+    forged = [dbus.Message(dbus.SIGNAL, destination=":1.42", sender=":1.1", **manager),   # unicast
+              dbus.Message(dbus.SIGNAL, sender=":1.666", **manager),                      # not systemd's
+              dbus.Message(dbus.SIGNAL, path="/a", interface="a.b", member="X", sender=":1.7")]  # anyone's
+    blob = b"".join(dbus.encode_message(m, n + 1) for n, m in enumerate(forged)) * 1000
+    reply = dbus.encode_message(dbus.Message(dbus.METHOD_RETURN, reply_serial=1, sender=":1.1", signature="o",
+                                             body=(job,)), 9)
+    stop = threading.Event()
+
+    def flood() -> None:
+        try:
+            peer.recv(65536)                    # StartTransientUnit
+            peer.sendall(blob * 3)
+            peer.sendall(reply)
+            while not stop.is_set():
+                peer.sendall(blob)
+        except OSError:
+            return
+    thread = threading.Thread(target=flood, daemon=True)
+    thread.start()
+    try:
+        (got,) = client.call("start", systemd_dbus._method(systemd_dbus.MANAGER, "StartTransientUnit",
+                                                           "ssa(sv)a(sa(sv))", ("husk-f.scope", "replace", [], [])))
+        assert got == job and conn.held_signals() == 0
+        t0 = time.monotonic()
+        with pytest.raises(SetupError, match="did not finish within 1 s"):
+            client.wait_job(job, "start", timeout=1.0)
+        assert time.monotonic() - t0 < 3
+        t0 = time.monotonic()
+        with pytest.raises(SetupError, match="did not answer within 1 s"):
+            client.call("stop", systemd_dbus._method(systemd_dbus.MANAGER, "StopUnit", "ss", ("x", "replace")),
+                        timeout=1.0)
+        assert time.monotonic() - t0 < 3 and conn.held_signals() == 0
+    finally:
+        stop.set()
+        peer.shutdown(socket.SHUT_RDWR)
+        thread.join(5)
+        client.close()
+        peer.close()
+
+
 def test_cgroup_v1_host_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     import runtime.cgroups as cg
     monkeypatch.setattr(cg, "is_unified", lambda root=cg.CGROUP_ROOT: False)
