@@ -88,12 +88,16 @@ class Client:
         self.conn.close()
 
     # --- the wire -----------------------------------------------------------------------------------------
-    def _reply_from(self, msg: dbus.Message) -> str | None:
-        """Whose reply counts: on the bus the bus's own for its calls and systemd's (once known) for the rest;
-        on the private socket the peer is systemd."""
+    def _reply_from(self, msg: dbus.Message) -> tuple[str, ...] | None:
+        """Whose reply counts: on the private socket the peer's (systemd itself); on the bus the bus's own for its
+        calls, and for systemd's systemd's (once known) or the bus's: the bus answers in systemd's stead when it
+        cannot deliver the call or its reply (ServiceUnknown, NoReply, LimitsExceeded, ...), and only the bus can
+        send as org.freedesktop.DBus."""
         if not self.on_bus:
             return None
-        return dbus.BUS_NAME if msg.destination == dbus.BUS_NAME else self.systemd_name
+        if msg.destination == dbus.BUS_NAME:
+            return (dbus.BUS_NAME,)
+        return None if self.systemd_name is None else (self.systemd_name, dbus.BUS_NAME)
 
     def call(self, what: str, msg: dbus.Message, timeout: float = CALL_TIMEOUT) -> tuple[Any, ...]:
         deadline = time.monotonic() + timeout
@@ -105,7 +109,8 @@ class Client:
             raise SetupError(f"{what}: the reply cannot be read: {e}") from None
         except (OSError, dbus.DBusProtocolError) as e:
             raise SetupError(f"{what}: D-Bus connection to systemd: {describe(e)}") from None
-        if self.on_bus and msg.destination == SYSTEMD and self.systemd_name is None:
+        if (self.on_bus and msg.destination == SYSTEMD and self.systemd_name is None
+                and reply.sender != dbus.BUS_NAME):
             if reply.sender is None:
                 raise SetupError(f"{what}: the bus gave systemd's reply no sender")
             self.systemd_name = reply.sender

@@ -778,22 +778,23 @@ class Connection:
         """How many signals call() has held back for receive()."""
         return len(self._held) - self._head
 
-    def call(self, msg: Message, deadline: float, reply_from: str | None = None,
+    def call(self, msg: Message, deadline: float, reply_from: str | tuple[str, ...] | None = None,
              keep: Callable[[Message], bool] | None = None) -> Message:
         """Sends `msg` and returns its reply (a method return or an error), taking only one whose sender is
-        `reply_from` when given. Signals that come first are held for receive() if `keep(signal)` (all without
+        `reply_from` (or one of them) when given. Signals that come first are held for receive() if `keep(signal)` (all without
         `keep`), up to MAX_HELD of them; anything else is dropped."""
         serial = self.send(msg, deadline)
         return self.wait_reply(serial, deadline, reply_from, keep)
 
-    def wait_reply(self, serial: int, deadline: float, reply_from: str | None = None,
+    def wait_reply(self, serial: int, deadline: float, reply_from: str | tuple[str, ...] | None = None,
                    keep: Callable[[Message], bool] | None = None) -> Message:
         """The reply to `serial` (see call()). Only a reply that cannot be read fails the wait (UndecodableMessage):
         anyone on a bus can send us a message we cannot read, which is dropped."""
+        senders = (reply_from,) if isinstance(reply_from, str) else reply_from
         while True:
             m, bad = self._next(deadline)
             if (m.type in (METHOD_RETURN, ERROR) and m.reply_serial == serial
-                    and (reply_from is None or m.sender == reply_from)):
+                    and (senders is None or m.sender in senders)):
                 if bad is not None:
                     raise bad
                 return m

@@ -626,6 +626,34 @@ def test_a_signal_flood_neither_piles_up_nor_outlasts_the_timeouts() -> None:
         peer.close()
 
 
+def test_the_bus_answering_for_systemd_ends_a_call_at_once(fake_systemd: FakeSystemd) -> None:
+    """When the bus cannot deliver a call to systemd (or systemd's reply), it answers itself, as
+    org.freedesktop.DBus: ServiceUnknown, NoReply, LimitsExceeded. Those were dropped once systemd's unique name
+    was known, and the caller waited out the whole call timeout (25 s)."""
+    import time
+    from runtime.cgroups import systemd_dbus
+    from runtime.linux import dbus
+    client = systemd_dbus.connect()
+    try:
+        assert client.systemd_name == fake_systemd.conn.unique_name
+        fake_systemd.close()          # systemd's connection goes away (a restart, a crash)
+        has_owner = dbus.method_call(dbus.BUS_NAME, dbus.BUS_PATH, dbus.BUS_NAME, "NameHasOwner", "s",
+                                     (systemd_dbus.SYSTEMD,))
+        deadline = time.monotonic() + 10
+        while client.conn.call(has_owner, deadline, dbus.BUS_NAME).body == (True,):
+            time.sleep(0.01)          # the bus has not yet seen it go
+        stop = systemd_dbus._method(systemd_dbus.MANAGER, "StopUnit", "ss", ("x.scope", "replace"))
+        stop.flags = 2                # NO_AUTO_START: a session bus may have a service file for systemd1
+        t0 = time.monotonic()
+        with pytest.raises(systemd_dbus.DBusError, match="stop systemd unit x.scope") as err:
+            client.call("stop systemd unit x.scope", stop, timeout=5)
+        assert err.value.name in ("org.freedesktop.DBus.Error.NameHasNoOwner",      # dbus-daemon 1.14
+                                  "org.freedesktop.DBus.Error.ServiceUnknown")
+        assert time.monotonic() - t0 < 2
+    finally:
+        client.close()
+
+
 def test_cgroup_v1_host_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     import runtime.cgroups as cg
     monkeypatch.setattr(cg, "is_unified", lambda root=cg.CGROUP_ROOT: False)
