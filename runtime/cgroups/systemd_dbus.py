@@ -2,8 +2,9 @@
 
 Owns connecting (the system bus, $DBUS_SYSTEM_BUS_ADDRESS honoured, else systemd's private peer-to-peer socket
 /run/systemd/private, root only), subscribing to the manager's JobRemoved signal, and StartTransientUnit /
-StopUnit / SetUnitProperties / ResetFailedUnit with a wait for each job, believing a JobRemoved only when it
-comes from systemd. Must not decide unit names or properties (systemd.py does) nor speak the wire format
+StopUnit / SetUnitProperties / ResetFailedUnit with a wait for each job, believing replies and JobRemoved
+signals only from systemd (on the bus: from the unique name the bus says owns org.freedesktop.systemd1; the
+bus's own error replies count too). Must not decide unit names or properties (systemd.py does) nor speak the wire format
 (runtime/linux/dbus.py does). Imported only when the systemd driver is used.
 
 The client is husk's own (runtime/linux/dbus.py): jeepney cost ~20 ms of imports (logging, typing, socket,
@@ -79,7 +80,7 @@ class Client:
     def __init__(self, conn: dbus.Connection, on_bus: bool) -> None:
         self.conn = conn
         self.on_bus = on_bus
-        self.systemd_name: str | None = None    # systemd's unique name on the bus: the sender of its first reply
+        self.systemd_name: str | None = None    # systemd's unique name on the bus, as the bus says (subscribe)
         self._jobs: dict[str, str] = {}         # job path -> result ("" while it runs)
         self._version: int | None = None
         self._ignored = 0                       # JobRemoved signals not from systemd (forgeries)
@@ -95,11 +96,13 @@ class Client:
         send as org.freedesktop.DBus."""
         if not self.on_bus:
             return None
-        if msg.destination == dbus.BUS_NAME:
+        if msg.destination == dbus.BUS_NAME or self.systemd_name is None:
             return (dbus.BUS_NAME,)
-        return None if self.systemd_name is None else (self.systemd_name, dbus.BUS_NAME)
+        return (self.systemd_name, dbus.BUS_NAME)
 
     def call(self, what: str, msg: dbus.Message, timeout: float = CALL_TIMEOUT) -> tuple[Any, ...]:
+        if self.on_bus and msg.destination != dbus.BUS_NAME and self.systemd_name is None:
+            raise SetupError(f"{what}: systemd's unique name on the bus is not known (subscribe() asks the bus)")
         deadline = time.monotonic() + timeout
         try:
             reply = self.conn.call(msg, deadline, self._reply_from(msg), keep=self._from_systemd)
@@ -109,11 +112,6 @@ class Client:
             raise SetupError(f"{what}: the reply cannot be read: {e}") from None
         except (OSError, dbus.DBusProtocolError) as e:
             raise SetupError(f"{what}: D-Bus connection to systemd: {describe(e)}") from None
-        if (self.on_bus and msg.destination == SYSTEMD and self.systemd_name is None
-                and reply.sender != dbus.BUS_NAME):
-            if reply.sender is None:
-                raise SetupError(f"{what}: the bus gave systemd's reply no sender")
-            self.systemd_name = reply.sender
         if reply.type == dbus.ERROR:
             raise DBusError(what, reply.error_name or "", dbus.error_text(reply))
         return reply.body
@@ -121,7 +119,7 @@ class Client:
     def _from_systemd(self, msg: dbus.Message) -> bool:
         """A JobRemoved broadcast by systemd's manager. Match rules only filter broadcasts: any local process can
         unicast a signal to our connection (it then has a DESTINATION), and only the bus-set SENDER tells who
-        broadcast it. On the private socket the peer is systemd itself."""
+        broadcast it (systemd_name, from the bus). On the private socket the peer is systemd itself."""
         if (msg.type != dbus.SIGNAL or msg.member != "JobRemoved" or msg.interface != MANAGER_IFACE
                 or msg.path != MANAGER_PATH or msg.signature != "uoss"):
             return False
@@ -153,10 +151,18 @@ class Client:
         return self._jobs.pop(job)
 
     def subscribe(self) -> None:
-        """JobRemoved reaches us only if we ask: on the bus a match rule plus the manager's Subscribe (it sends
-        job signals only while someone is subscribed); on the private socket Subscribe alone. Subscribe is the
-        first call to systemd: its reply's sender is systemd's unique name."""
+        """On the bus, first asks the bus (only its reply counts) who owns org.freedesktop.systemd1: the one
+        sender whose replies and JobRemoved signals count from then on. A reply from systemd would not do: on a
+        permissive bus anyone can send us a reply to the serial of our next call, and become "systemd".
+        JobRemoved reaches us only if we ask: on the bus a match rule plus the manager's Subscribe (it sends job
+        signals only while someone is subscribed); on the private socket (the peer is systemd) Subscribe alone."""
         if self.on_bus:
+            body = self.call(f"D-Bus GetNameOwner {SYSTEMD}", dbus.method_call(
+                dbus.BUS_NAME, dbus.BUS_PATH, dbus.BUS_NAME, "GetNameOwner", "s", (SYSTEMD,)))
+            owner = body[0] if len(body) == 1 else body
+            if not isinstance(owner, str) or owner[:1] != ":" or not dbus.valid_bus_name(owner):
+                raise SetupError(f"D-Bus GetNameOwner {SYSTEMD}: the bus answered {owner!r}, not a unique name")
+            self.systemd_name = owner
             rule = dbus.match_rule(type="signal", sender=SYSTEMD, interface=MANAGER_IFACE, member="JobRemoved",
                                    path=MANAGER_PATH)
             self.call("D-Bus AddMatch", dbus.add_match(rule))

@@ -313,7 +313,8 @@ class FakePrivateSocket(FakeManager):
     """The fake manager on a peer-to-peer socket, as systemd's /run/systemd/private: the SASL EXTERNAL
     handshake, then messages without a bus (a Hello would be an unknown method: recorded, and refused).
     With `bus`, a fake bus instead: it answers Hello (":1.42") and AddMatch as org.freedesktop.DBus, and sends
-    systemd's messages as ":1.1" unless they name their own sender (what a forger on a real bus cannot do)."""
+    systemd's messages as ":1.1" unless they name their own sender (what a forger on a real bus cannot do), and
+    answers GetNameOwner(org.freedesktop.systemd1) with ":1.1"."""
 
     def __init__(self, path: str, bus: bool = False) -> None:
         import socket
@@ -358,8 +359,9 @@ class FakePrivateSocket(FakeManager):
         member = msg.header.fields.get(HeaderFields.member)
         if not self.bus:
             return self.handle(msg)
-        if member in ("Hello", "AddMatch"):
-            reply = new_method_return(msg, "s", (":1.42",)) if member == "Hello" else new_method_return(msg)
+        if member in ("Hello", "AddMatch", "GetNameOwner"):
+            reply = (new_method_return(msg, "s", (":1.42",)) if member == "Hello" else
+                     new_method_return(msg, "s", (":1.1",)) if member == "GetNameOwner" else new_method_return(msg))
             reply.header.fields[HeaderFields.sender] = "org.freedesktop.DBus"
             return [reply]
         out = self.handle(msg)
@@ -626,22 +628,75 @@ def test_a_signal_flood_neither_piles_up_nor_outlasts_the_timeouts() -> None:
         peer.close()
 
 
+def test_a_forged_reply_does_not_make_its_sender_systemd(fake_systemd: FakeSystemd) -> None:
+    """systemd's unique name was learned from the sender of the reply to Subscribe, whoever sent it: on a permissive
+    bus (this session bus delivers unrequested replies) another connection that replied first to the serial of
+    that call became "systemd" (its replies believed, systemd's dropped). The bus now names the owner."""
+    from jeepney import DBusAddress, HeaderFields, new_method_call
+    from jeepney.io.blocking import open_dbus_connection
+    from runtime.cgroups import systemd_dbus
+    from runtime.linux import dbus
+    attacker = open_dbus_connection(bus=os.environ["DBUS_SYSTEM_BUS_ADDRESS"])
+    real_handle = fake_systemd.handle
+
+    def handle(msg: Any) -> list[Any]:
+        if msg.header.fields.get(HeaderFields.member) == "Subscribe":
+            # the forger answers first; a round trip with the bus: it has routed the forgery before it answers
+            forged = dbus.Message(dbus.METHOD_RETURN, reply_serial=msg.header.serial,
+                                  destination=msg.header.fields[HeaderFields.sender])
+            attacker.sock.sendall(dbus.encode_message(forged, 1000))
+            attacker.send_and_get_reply(new_method_call(DBusAddress(dbus.BUS_PATH, bus_name=dbus.BUS_NAME,
+                                                                    interface=dbus.BUS_NAME), "GetId"), timeout=5)
+        return real_handle(msg)
+    fake_systemd.handle = handle                  # type: ignore[method-assign]
+    try:
+        client = systemd_dbus.connect()
+        try:
+            assert client.systemd_name == fake_systemd.conn.unique_name != attacker.unique_name
+            client.start_transient_unit("husk-r.scope", [])      # systemd's own reply and JobRemoved count
+            fake_systemd.result = "failed"
+            _start_must_see_the_real_result(client, "husk-s.scope")
+        finally:
+            client.close()
+    finally:
+        attacker.close()
+    assert [m for m, _ in fake_systemd.calls][0] == "Subscribe"
+
+
+def _systemd_leaves(fake: FakeSystemd, conn: Any) -> None:
+    """Closes the fake systemd's connection and waits until the bus (as `conn` asks it) has seen it go."""
+    import time
+    from runtime.linux import dbus
+    fake.close()
+    has_owner = dbus.method_call(dbus.BUS_NAME, dbus.BUS_PATH, dbus.BUS_NAME, "NameHasOwner", "s",
+                                 ("org.freedesktop.systemd1",))
+    deadline = time.monotonic() + 10
+    while conn.call(has_owner, deadline, dbus.BUS_NAME).body == (True,):
+        time.sleep(0.01)
+
+
+def test_systemd_missing_from_the_bus_is_a_clear_error(fake_systemd: FakeSystemd) -> None:
+    from runtime.cgroups import systemd_dbus
+    from runtime.linux import dbus
+    conn = dbus.open_bus(os.environ["DBUS_SYSTEM_BUS_ADDRESS"], 5)
+    try:
+        _systemd_leaves(fake_systemd, conn)
+    finally:
+        conn.close()
+    with pytest.raises(SetupError, match=r"GetNameOwner org\.freedesktop\.systemd1: .*NameHasNoOwner"):
+        systemd_dbus.connect()
+
+
 def test_the_bus_answering_for_systemd_ends_a_call_at_once(fake_systemd: FakeSystemd) -> None:
     """When the bus cannot deliver a call to systemd (or systemd's reply), it answers itself, as
     org.freedesktop.DBus: ServiceUnknown, NoReply, LimitsExceeded. Those were dropped once systemd's unique name
     was known, and the caller waited out the whole call timeout (25 s)."""
     import time
     from runtime.cgroups import systemd_dbus
-    from runtime.linux import dbus
     client = systemd_dbus.connect()
     try:
         assert client.systemd_name == fake_systemd.conn.unique_name
-        fake_systemd.close()          # systemd's connection goes away (a restart, a crash)
-        has_owner = dbus.method_call(dbus.BUS_NAME, dbus.BUS_PATH, dbus.BUS_NAME, "NameHasOwner", "s",
-                                     (systemd_dbus.SYSTEMD,))
-        deadline = time.monotonic() + 10
-        while client.conn.call(has_owner, deadline, dbus.BUS_NAME).body == (True,):
-            time.sleep(0.01)          # the bus has not yet seen it go
+        _systemd_leaves(fake_systemd, client.conn)       # a restart, a crash
         stop = systemd_dbus._method(systemd_dbus.MANAGER, "StopUnit", "ss", ("x.scope", "replace"))
         stop.flags = 2                # NO_AUTO_START: a session bus may have a service file for systemd1
         t0 = time.monotonic()
