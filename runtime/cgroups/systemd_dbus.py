@@ -91,9 +91,9 @@ class Client:
     # --- the wire -----------------------------------------------------------------------------------------
     def _reply_from(self, msg: dbus.Message) -> tuple[str, ...] | None:
         """Whose reply counts: on the private socket the peer's (systemd itself); on the bus the bus's own for its
-        calls, and for systemd's systemd's (once known) or the bus's: the bus answers in systemd's stead when it
-        cannot deliver the call or its reply (ServiceUnknown, NoReply, LimitsExceeded, ...), and only the bus can
-        send as org.freedesktop.DBus."""
+        calls, and for systemd's systemd's (the name the bus gave, see subscribe) or the bus's: the bus answers in
+        systemd's stead when it cannot deliver the call or its reply (ServiceUnknown, NoReply, LimitsExceeded,
+        ...), and only the bus can send as org.freedesktop.DBus."""
         if not self.on_bus:
             return None
         if msg.destination == dbus.BUS_NAME or self.systemd_name is None:

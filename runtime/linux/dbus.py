@@ -781,8 +781,8 @@ class Connection:
     def call(self, msg: Message, deadline: float, reply_from: str | tuple[str, ...] | None = None,
              keep: Callable[[Message], bool] | None = None) -> Message:
         """Sends `msg` and returns its reply (a method return or an error), taking only one whose sender is
-        `reply_from` (or one of them) when given. Signals that come first are held for receive() if `keep(signal)` (all without
-        `keep`), up to MAX_HELD of them; anything else is dropped."""
+        `reply_from` (or one of them) when given. Signals that come first are held for receive() if
+        `keep(signal)` (all without `keep`), up to MAX_HELD of them; anything else is dropped."""
         serial = self.send(msg, deadline)
         return self.wait_reply(serial, deadline, reply_from, keep)
 
