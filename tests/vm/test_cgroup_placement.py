@@ -61,3 +61,38 @@ def test_the_child_is_cloned_into_the_cgroup_and_limited_before_the_init_runs(bu
         base = V2Manager(os.path.dirname(path))
         if base.exists():
             base.destroy()
+
+
+def test_a_limit_the_kernel_refuses_after_the_clone_leaves_nothing(bundle_template, tmp_path) -> None:
+    """The limits are written after the child was cloned into the cgroup: a value the kernel refuses only then
+    (a CPU this machine does not have) fails the create, and the child, the state and the cgroup are gone."""
+    path = f"/{PREFIX}-refused-{os.getpid()}/c"
+    c = ContainerWorkload(bundle_template, tmp_path, {"cpu": {"cpus": "63"}}, path)
+    try:
+        before = _stage_pids()
+        cp = c.husk("create", "--bundle", str(c.bundle), c.id, check=False)
+        assert cp.returncode != 0
+        assert "cpuset.cpus" in cp.stderr, cp.stderr
+        assert not os.path.exists(os.path.join(c.root, c.id)), "the state dir was left"
+        assert not V2Manager(path).exists(), "the container's cgroup was left"
+        assert _stage_pids() - before == set(), "the intermediate child or the init was left"
+    finally:
+        c.close()
+        base = V2Manager(os.path.dirname(path))
+        if base.exists():
+            base.destroy()
+
+
+def _stage_pids() -> set[str]:
+    """Live processes named as the runtime's stages (husk:[1:CHILD], husk:[2:INIT])."""
+    found = set()
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        name, _, rest = stat.partition(" (")[2].rpartition(") ")
+        if name.startswith("husk:[") and rest.split()[0] not in ("Z", "X"):
+            found.add(pid)
+    return found
