@@ -91,8 +91,8 @@ _CACHE_MAGIC = b"HUSKBPF1"
 _CACHE_HEADER = len(_CACHE_MAGIC) + 32  # magic + sha256 of the program
 
 
-# The three records below are small immutable classes (runtime/records.py), not dataclasses: @dataclass costs about 1 ms per
-# class when the module is imported, which is more than loading a cached filter (this is on every start).
+# The three records below are small immutable classes (runtime/records.py), not dataclasses: @dataclass costs
+# about 1 ms per class when the module is imported, more than loading a cached filter (this is on every start).
 
 class Rule(Frozen):
     """One `syscalls[i]` entry, checked and converted to libseccomp's numbers."""

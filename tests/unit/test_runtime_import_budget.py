@@ -1,7 +1,8 @@
 """Every runtime verb is a fresh interpreter (`husk create`, `start`, `delete`, ... as containerd or a shim runs
 them), so what the verbs' modules import is paid on every container start. The modules of the fast CLI path and
-of each cgroup flavour (v1, v2 with its resources and device filter, the systemd driver with its D-Bus client) import none of the heavy standard modules:
-`dataclasses` alone brings inspect, ast, dis, enum, re and tokenize (~8-10 ms), `typing` re (~2-4 ms). No root."""
+of each cgroup flavour (v1, v2 with its resources and device filter, the systemd driver with its D-Bus client)
+import none of the heavy standard modules: `dataclasses` alone brings inspect, ast, dis, enum, re and tokenize
+(~8-10 ms), `typing` re (~2-4 ms). No root."""
 from __future__ import annotations
 
 import os
