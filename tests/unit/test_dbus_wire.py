@@ -4,11 +4,9 @@ several per read, over 64 kB, closed peer, receive and send timeouts), value che
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -17,6 +15,8 @@ from typing import Any
 import pytest
 
 from runtime.linux import dbus
+from tests.support.dbusd import throwaway_bus
+from tests.support.unixpeer import serve_one
 
 jeepney = pytest.importorskip("jeepney")
 from jeepney import DBusAddress, HeaderFields, MessageType, new_method_call, new_signal  # noqa: E402
@@ -577,36 +577,30 @@ class FakeBus:
         self.path, self.auth_reply = path, auth_reply
         self.auth_delay, self.hello_delay = auth_delay, hello_delay
         self.received = b""
-        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.listener.bind(path)
-        self.listener.listen(1)
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
+        self.listener, self.thread = serve_one(path, self._serve)
 
-    def _serve(self) -> None:
-        conn, _ = self.listener.accept()
-        with conn:
-            while b"\r\n" not in self.received:
-                self.received += conn.recv(4096)
-            time.sleep(self.auth_delay)
-            conn.sendall(self.auth_reply)
-            parser = Parser()
-            while True:
-                chunk = conn.recv(4096)
-                if not chunk:
-                    return
-                self.received += chunk
-                if b"BEGIN\r\n" in chunk:
-                    chunk = chunk.split(b"BEGIN\r\n", 1)[1]
-                for msg in parser.feed(chunk):
-                    if msg.header.fields.get(HeaderFields.member) == "Hello":
-                        time.sleep(self.hello_delay)
-                        reply = jeepney.new_method_return(msg, "s", (":1.42",))
-                        reply.header.fields[HeaderFields.sender] = "org.freedesktop.DBus"
-                        try:
-                            conn.sendall(reply.serialise(serial=1))
-                        except OSError:      # the client gave up waiting
-                            return
+    def _serve(self, conn: socket.socket) -> None:
+        while b"\r\n" not in self.received:
+            self.received += conn.recv(4096)
+        time.sleep(self.auth_delay)
+        conn.sendall(self.auth_reply)
+        parser = Parser()
+        while True:
+            chunk = conn.recv(4096)
+            if not chunk:
+                return
+            self.received += chunk
+            if b"BEGIN\r\n" in chunk:
+                chunk = chunk.split(b"BEGIN\r\n", 1)[1]
+            for msg in parser.feed(chunk):
+                if msg.header.fields.get(HeaderFields.member) == "Hello":
+                    time.sleep(self.hello_delay)
+                    reply = jeepney.new_method_return(msg, "s", (":1.42",))
+                    reply.header.fields[HeaderFields.sender] = "org.freedesktop.DBus"
+                    try:
+                        conn.sendall(reply.serialise(serial=1))
+                    except OSError:      # the client gave up waiting
+                        return
 
     def close(self) -> None:
         self.listener.close()
@@ -664,20 +658,8 @@ def test_match_rule_quotes() -> None:
 
 @pytest.fixture
 def bus_address() -> Iterator[str]:
-    daemon = shutil.which("dbus-daemon")
-    if daemon is None:
-        pytest.skip("dbus-daemon is not installed")
-    with tempfile.TemporaryDirectory(prefix="husk-dbus-") as tmp:
-        address = f"unix:path={tmp}/bus"
-        proc = subprocess.Popen([daemon, "--session", "--nofork", "--nopidfile", f"--address={address}",
-                                 "--print-address=1"], stdout=subprocess.PIPE, text=True)
-        try:
-            assert proc.stdout is not None
-            proc.stdout.readline()
-            yield address
-        finally:
-            proc.kill()
-            proc.wait()
+    with throwaway_bus() as address:
+        yield address
 
 
 def test_a_real_bus_hello_add_match_and_signals(bus_address: str) -> None:

@@ -6,10 +6,9 @@ forge signals a real bus would not: a JobRemoved is believed only from systemd."
 from __future__ import annotations
 
 import os
-import shutil
+import socket
 import subprocess
 import sys
-import tempfile
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -19,6 +18,8 @@ import pytest
 from runtime.cgroups import resolve_path
 from runtime.cgroups import systemd as sd
 from runtime.errors import ConfigError, SetupError
+from tests.support.dbusd import throwaway_bus
+from tests.support.unixpeer import serve_one
 
 INF = 2**64 - 1
 
@@ -317,42 +318,35 @@ class FakePrivateSocket(FakeManager):
     answers GetNameOwner(org.freedesktop.systemd1) with ":1.1"."""
 
     def __init__(self, path: str, bus: bool = False) -> None:
-        import socket
         super().__init__()
         self.bus = bus
-        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.listener.bind(path)
-        self.listener.listen(1)
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
+        self.listener, self.thread = serve_one(path, self._serve)
 
-    def _serve(self) -> None:
+    def _serve(self, conn: socket.socket) -> None:
         from jeepney import Parser
-        conn, _ = self.listener.accept()
-        with conn:
-            buf = b""
-            while b"BEGIN\r\n" not in buf:
-                chunk = conn.recv(4096)
+        buf = b""
+        while b"BEGIN\r\n" not in buf:
+            chunk = conn.recv(4096)
+            if not chunk:
+                return
+            buf += chunk
+            if b"AUTH EXTERNAL" in buf and b"OK" not in buf:
+                conn.sendall(b"OK 0123456789abcdef0123456789abcdef\r\n")
+                buf += b"OK"
+        parser = Parser()
+        parser.add_data(buf.split(b"BEGIN\r\n", 1)[1])
+        serial = 1000
+        while True:
+            msg = parser.get_next_message()
+            if msg is None:
+                chunk = conn.recv(65536)
                 if not chunk:
                     return
-                buf += chunk
-                if b"AUTH EXTERNAL" in buf and b"OK" not in buf:
-                    conn.sendall(b"OK 0123456789abcdef0123456789abcdef\r\n")
-                    buf += b"OK"
-            parser = Parser()
-            parser.add_data(buf.split(b"BEGIN\r\n", 1)[1])
-            serial = 1000
-            while True:
-                msg = parser.get_next_message()
-                if msg is None:
-                    chunk = conn.recv(65536)
-                    if not chunk:
-                        return
-                    parser.add_data(chunk)
-                    continue
-                for out in self._answer(msg):
-                    serial += 1
-                    conn.sendall(out.serialise(serial=serial))
+                parser.add_data(chunk)
+                continue
+            for out in self._answer(msg):
+                serial += 1
+                conn.sendall(out.serialise(serial=serial))
 
     def _answer(self, msg: Any) -> list[Any]:
         from jeepney import HeaderFields, new_method_return
@@ -377,25 +371,13 @@ class FakePrivateSocket(FakeManager):
 @pytest.fixture
 def fake_systemd(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeSystemd]:
     pytest.importorskip("jeepney")
-    daemon = shutil.which("dbus-daemon")
-    if daemon is None:
-        pytest.skip("dbus-daemon is not installed")
-    with tempfile.TemporaryDirectory(prefix="husk-fake-systemd-") as tmp:
-        address = f"unix:path={tmp}/bus"
-        proc = subprocess.Popen([daemon, "--session", "--nofork", "--nopidfile", f"--address={address}",
-                                 "--print-address=1"], stdout=subprocess.PIPE, text=True)
+    with throwaway_bus("husk-fake-systemd-") as address:
+        monkeypatch.setenv("DBUS_SYSTEM_BUS_ADDRESS", address)
+        fake = FakeSystemd(address)
         try:
-            assert proc.stdout is not None
-            proc.stdout.readline()      # the address: the daemon listens from now on
-            monkeypatch.setenv("DBUS_SYSTEM_BUS_ADDRESS", address)
-            fake = FakeSystemd(address)
-            try:
-                yield fake
-            finally:
-                fake.close()
+            yield fake
         finally:
-            proc.kill()
-            proc.wait()
+            fake.close()
 
 
 def test_start_transient_unit_on_the_wire(fake_systemd: FakeSystemd) -> None:
