@@ -5,7 +5,6 @@ Must not: touch the rootfs or cgroups, or outlive the fork of the init (it exits
 """
 from __future__ import annotations
 
-import errno
 import os
 TYPE_CHECKING = False  # `typing` costs ~4 ms (it imports re): annotations only
 
@@ -159,24 +158,19 @@ def fork_init(unified_fd: int) -> int:
     single-threaded and the init only sets up and execs (syscalls.fork_into_cgroup)."""
     if unified_fd < 0:
         return os.fork()
-    pid = -1
-    if sc.clone3_usable():      # else a seccomp filter (EPERM) or an old kernel: a call would fail the create
+    try:
+        pid, placed = sc.fork_placed(unified_fd)
+    except OSError as e:
+        raise SetupError(f"fork the init into its cgroup2 cgroup: {e.strerror}") from None
+    if not placed and pid != 0:
         try:
-            pid = sc.fork_into_cgroup(unified_fd)
-        except OSError as e:
-            if e.errno not in (errno.ENOSYS, errno.E2BIG):
-                raise SetupError(f"fork the init into its cgroup2 cgroup: {e.strerror}") from None
-    if pid < 0:
-        pid = os.fork()
-        if pid != 0:
+            fd = os.open("cgroup.procs", os.O_WRONLY | os.O_CLOEXEC, dir_fd=unified_fd)
             try:
-                fd = os.open("cgroup.procs", os.O_WRONLY | os.O_CLOEXEC, dir_fd=unified_fd)
-                try:
-                    os.write(fd, str(pid).encode())
-                finally:
-                    os.close(fd)
-            except OSError as e:
-                raise SetupError(f"add the init (pid {pid}) to its cgroup2 cgroup: {e.strerror}") from None
+                os.write(fd, str(pid).encode())
+            finally:
+                os.close(fd)
+        except OSError as e:
+            raise SetupError(f"add the init (pid {pid}) to its cgroup2 cgroup: {e.strerror}") from None
     os.close(unified_fd)
     return pid
 

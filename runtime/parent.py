@@ -334,13 +334,12 @@ def _fork_child(mgr: Any, container_id: str) -> tuple[int, bool]:
                       container_id=container_id)
         return os.fork(), False
     try:
-        return sc.fork_into_cgroup(fd), True
-    except OSError as e:
-        logutil.debug("clone3 into cgroup %s: %s: forking, then placing the child", mgr.dir, describe(e),
-                      container_id=container_id)
-        return os.fork(), False
+        pid, placed = sc.fork_placed(fd, any_refusal=True)   # no pid namespace is unshared in this process
     finally:
         os.close(fd)
+    if pid and not placed:
+        logutil.debug("clone3 into cgroup %s refused: forked, placing the child", mgr.dir, container_id=container_id)
+    return pid, placed
 
 
 class _Procs:

@@ -4,8 +4,8 @@ Owns connecting (the system bus, $DBUS_SYSTEM_BUS_ADDRESS honoured, else systemd
 /run/systemd/private, root only), subscribing to the manager's JobRemoved signal, and StartTransientUnit /
 StopUnit / SetUnitProperties / ResetFailedUnit with a wait for each job, believing replies and JobRemoved
 signals only from systemd (on the bus: from the unique name the bus says owns org.freedesktop.systemd1; the
-bus's own error replies count too). Must not decide unit names or properties (systemd.py does) nor speak the wire format
-(runtime/linux/dbus.py does). Imported only when the systemd driver is used.
+bus's own error replies count too). Must not decide unit names or properties (systemd.py does) nor speak the
+wire format (runtime/linux/dbus.py does). Imported only when the systemd driver is used.
 
 The client is husk's own (runtime/linux/dbus.py): jeepney cost ~20 ms of imports (logging, typing, socket,
 enum) on every `husk create/delete/update --systemd-cgroup`; jeepney stays the tests' reference.

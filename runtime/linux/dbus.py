@@ -746,11 +746,7 @@ class Connection:
         return serial
 
     def send_bytes(self, data: bytes, deadline: float) -> None:
-        self._usable()
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError(f"D-Bus {self.address}: no time left to send")
-        self.sock.settimeout(left)
+        left = self._arm(deadline, "no time left to send")
         try:
             self.sock.sendall(data, _socket.MSG_NOSIGNAL)
         except TimeoutError:
@@ -867,11 +863,7 @@ class Connection:
                       " (further ones are not logged)" if self._drops == _LOGGED_DROPS else "")
 
     def _fill(self, deadline: float, want: int = 0) -> None:
-        self._usable()
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError(f"D-Bus {self.address}: nothing received in time")
-        self.sock.settimeout(left)
+        left = self._arm(deadline, "nothing received in time")
         try:
             data = self.sock.recv(min(max(want, 65536), _RECV_MAX))
         except TimeoutError:
@@ -880,6 +872,16 @@ class Connection:
             self._broken = "the peer closed the connection"
             raise ConnectionClosed(f"D-Bus {self.address}: the peer closed the connection")
         self._rx.feed(data)
+
+    def _arm(self, deadline: float, late: str) -> float:
+        """Before a send or receive: the connection must be usable and time left (TimeoutError `late` if none);
+        the socket's timeout is set to what is left, which is returned."""
+        self._usable()
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"D-Bus {self.address}: {late}")
+        self.sock.settimeout(left)
+        return left
 
     def _usable(self) -> None:
         if self._broken:
@@ -909,17 +911,26 @@ def _open(address: str, deadline: float) -> Connection:
         left = deadline - time.monotonic()
         if left <= 0:
             raise TimeoutError(f"D-Bus {address}: no time left to connect ({'; '.join(failures)})")
-        sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
         try:
-            sock.settimeout(left)
-            sock.connect(sockaddr)
+            sock = _connect(sockaddr, left)
         except OSError as e:
-            sock.close()
             failures.append(f"{entry}: {e.strerror or e}")
             errno = errno or e.errno or 0
             continue
         return Connection(sock, entry)
     raise OSError(errno, "; ".join(failures))
+
+
+def _connect(sockaddr: str | bytes, timeout: float) -> _socket.socket:
+    """A unix stream socket (close-on-exec) connected to `sockaddr` within `timeout`; closed again on failure."""
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
+    try:
+        sock.settimeout(timeout)
+        sock.connect(sockaddr)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 def open_bus(address: str, timeout: float) -> Connection:
@@ -948,14 +959,7 @@ def open_bus(address: str, timeout: float) -> Connection:
 def open_peer(path: str, timeout: float) -> Connection:
     """A peer-to-peer connection to the unix socket at `path` (no bus: no Hello), authenticated in `timeout`."""
     deadline = time.monotonic() + timeout
-    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
-    try:
-        sock.settimeout(timeout)
-        sock.connect(path)
-    except OSError:
-        sock.close()
-        raise
-    conn = Connection(sock, f"unix:path={path}")
+    conn = Connection(_connect(path, timeout), f"unix:path={path}")
     try:
         _authenticate(conn, deadline)
     except BaseException:

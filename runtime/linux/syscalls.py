@@ -7,6 +7,7 @@ this module is on every container start's hot path.
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import struct  # already loaded by ctypes
 
@@ -309,6 +310,21 @@ def fork_into_cgroup(cgroup_fd: int) -> int:
     args = struct.pack("=11Q", CLONE_INTO_CGROUP, 0, 0, 0, SIGCHLD, 0, 0, 0, 0, 0, cgroup_fd)
     buf = ctypes.create_string_buffer(args, len(args))
     return _check(_libc.syscall(SYS_clone3, buf, ctypes.c_size_t(len(args))), "clone3(CLONE_INTO_CGROUP)")
+
+
+def fork_placed(cgroup_fd: int, any_refusal: bool = False) -> tuple[int, bool]:
+    """Forks, straight into the cgroup2 directory `cgroup_fd` where clone3 allows (fork_into_cgroup, with its
+    caveats): (pid as os.fork's, whether the child starts in that cgroup; if not, the caller places it). A
+    plain fork when clone3 cannot be used at all (clone3_usable) or refuses with ENOSYS or E2BIG; any other
+    refusal (nothing was forked) is raised, unless `any_refusal` falls back to the fork for it too: only a
+    caller that has not unshared a pid namespace may, since a refused clone there can use up its pid 1."""
+    if clone3_usable():
+        try:
+            return fork_into_cgroup(cgroup_fd), True
+        except OSError as e:
+            if not any_refusal and e.errno not in (errno.ENOSYS, errno.E2BIG):
+                raise
+    return os.fork(), False
 
 
 def raw_syscall(number: int, *args: object) -> int:

@@ -23,6 +23,7 @@ class _Mgr:
 def calls(monkeypatch):
     seen: list = []
     monkeypatch.setattr(os, "fork", lambda: seen.append("fork") or 111)
+    monkeypatch.setattr(sc, "clone3_usable", lambda: True)
     return seen
 
 
@@ -57,3 +58,25 @@ def test_a_cgroup_that_cannot_be_opened_falls_back_to_fork(calls, monkeypatch, t
     monkeypatch.setattr(sc, "fork_into_cgroup", lambda fd: pytest.fail("cloned without a cgroup"))
     assert parent._fork_child(_Mgr(str(tmp_path / "gone")), "c") == (111, False)
     assert calls == ["fork"]
+
+
+def test_clone3_out_of_reach_is_a_plain_fork(calls, monkeypatch, tmp_path) -> None:
+    monkeypatch.setattr(sc, "clone3_usable", lambda: False)
+    monkeypatch.setattr(sc, "fork_into_cgroup", lambda fd: pytest.fail("clone3 called although unusable"))
+    assert parent._fork_child(_Mgr(str(tmp_path)), "c") == (111, False)
+
+
+@pytest.mark.parametrize("code,falls_back", [(errno.ENOSYS, True), (errno.E2BIG, True), (errno.EPERM, False)])
+def test_the_inits_fork_falls_back_only_where_nothing_can_have_been_used_up(calls, monkeypatch, code,
+                                                                          falls_back) -> None:
+    """sc.fork_placed without any_refusal (child.fork_init, after unsharing a pid namespace): only ENOSYS and
+    E2BIG fall back to a plain fork; any other refusal is raised."""
+    def refused(fd: int) -> int:
+        raise OSError(code, os.strerror(code))
+    monkeypatch.setattr(sc, "fork_into_cgroup", refused)
+    if falls_back:
+        assert sc.fork_placed(5) == (111, False)
+    else:
+        with pytest.raises(OSError):
+            sc.fork_placed(5)
+        assert calls == []
