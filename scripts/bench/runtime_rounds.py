@@ -7,6 +7,9 @@ busy host's load shifts hit both alike. Per runtime and round, in this order:
   - create+start+delete "after run": right after the runtime's own `run`, when a cgroup.procs write finds the
     rwsem still in its slow mode and skips that wait.
 Wall time of each verb, and the CPU of the three (rusage of the verb's process and what it reaped).
+Floors: floor:RT="ARGV" is a command that starts RT's process and does nothing (floor:husk="/path/python -IS -c
+pass", the interpreter husk's launcher names; floor:runc="runc --version"), timed once per round: every verb is
+one such start, so RT's create+start+delete less three of its floor is the runtimes' own work, printed beside.
 Usage: runtime_rounds.py OUT LABEL RUNS BUNDLE NAME="ARGV" ... (one of them named runc, the anchor; the order
 rotates round by round, e.g. husk="/path/husk --root R" husk-old="..." runc="runc --root R2"); writes
 OUT/csd-LABEL.json and prints medians and ratios to runc.
@@ -52,7 +55,9 @@ def csd(r: list[str], bundle: str, cid: str) -> dict[str, float]:
 
 def main() -> None:
     out, label, runs, bundle = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-    rts = {name: argv.split() for name, _, argv in (a.partition("=") for a in sys.argv[5:])}
+    given = {name: argv.split() for name, _, argv in (a.partition("=") for a in sys.argv[5:])}
+    floors = {name: argv for name, argv in given.items() if name.startswith("floor:")}
+    rts = {name: argv for name, argv in given.items() if name not in floors}
     if "runc" not in rts or len(rts) < 2:
         sys.exit("runtime_rounds.py: give runc=ARGV and at least one other NAME=ARGV")
     names = list(rts)
@@ -73,9 +78,14 @@ def main() -> None:
                 for kind, got in (("first", first), ("after_run", after)):
                     for k, v in got.items():
                         res[rt][f"{kind}_{k}"].append(v)
+        for name, argv in floors.items():
+            wall, _ = timed(argv)
+            if i >= WARM_ROUNDS:
+                res.setdefault(name, {"wall": []})["wall"].append(wall)
     with open(os.path.join(out, f"csd-{label}.json"), "w") as f:
         json.dump(res, f)
-    med = {rt: {k: statistics.median(v) for k, v in r.items()} for rt, r in res.items()}
+    med = {rt: {k: statistics.median(v) for k, v in r.items()} for rt, r in res.items() if rt not in floors}
+    floor = {name: statistics.median(res[name]["wall"]) for name in floors if name in res}
     others = [rt for rt in names if rt != "runc"]
     print(f"[{label}] run interleaved (medians of {runs}): "
           + ", ".join(f"{rt} {med[rt]['run']:.1f} ms" for rt in names) + "; "
@@ -90,6 +100,13 @@ def main() -> None:
         for rt in others:
             print(f"[{label}] create+start+delete {kind}: {rt}/runc {tot[rt] / tot['runc']:.2f} (wall), "
                   f"{med[rt][f'{kind}_cpu'] / med['runc'][f'{kind}_cpu']:.2f} (CPU)")
+        if floor:
+            own = {rt: tot[rt] - 3 * floor[f"floor:{rt}"] for rt in names if f"floor:{rt}" in floor}
+            print(f"[{label}] create+start+delete {kind} less three process starts (floor:RT): "
+                  + ", ".join(f"{rt} {ms:.1f} ms" for rt, ms in own.items())
+                  + "".join(f"; {rt}/runc {own[rt] / own['runc']:.2f}" for rt in others if rt in own and "runc" in own))
+    for name, ms in floor.items():
+        print(f"[{label}] {name}, one process start doing nothing (median of {runs}): {ms:.1f} ms")
 
 
 if __name__ == "__main__":
