@@ -18,7 +18,8 @@ process's own threads, children excluded) of the daemon, of husk-cri's spawner, 
 After the window, --back-to-back N calls of ListPodSandbox and of ListContainers in a tight loop per daemon
 give the per-call latency without the wake-up from a second of idling, and --idle-calls N Version calls per
 daemon, each after idling as the PLEG caller does, the floor under the relisting latencies (the cheapest RPC
-after the same idle: thread wake-ups on both sides, no work).
+after the same idle: thread wake-ups on both sides, no work), with a bare grpc.aio server (nothing behind it)
+taken in turn with them: what any Python CRI server on this grpcio pays before its own code runs.
 
 Usage: scripts/bench/relist [--pods 100] [--seconds 300] [--slice 30] [--interval 1] [--back-to-back 200]
                             [--idle-calls 40] [--sequential] [--rpcs ListPodSandbox,ListContainers,...] [--out DIR]
@@ -100,20 +101,57 @@ def back_to_back(side: "Side", n: int) -> dict:
     return out
 
 
-def idle_floor(sides: list["Side"], n: int, interval: float) -> dict[str, dict]:
+# A gRPC server with nothing behind it, on the same grpcio as husk-cri (grpc.aio, one event loop): its Version
+# after the same idle is what any Python CRI server pays before its own code runs.
+BARE_SERVER = """
+import asyncio, sys
+import grpc
+from cri_server.api.v1 import api_pb2 as pb, api_pb2_grpc as rpc
+class Runtime(rpc.RuntimeServiceServicer):
+    async def Version(self, request, context):
+        return pb.VersionResponse(version="0.1.0", runtime_name="bare", runtime_version="0",
+                                  runtime_api_version="v1")
+async def main():
+    server = grpc.aio.server()
+    rpc.add_RuntimeServiceServicer_to_server(Runtime(), server)
+    server.add_insecure_port("unix://" + sys.argv[1])
+    await server.start()
+    print("ready", flush=True)
+    await server.wait_for_termination()
+asyncio.run(main())
+"""
+
+
+def idle_floor(sides: list["Side"], n: int, interval: float, out_dir: str) -> dict[str, dict]:
     """The floor under the relisting latencies: `n` Version calls per daemon (the cheapest RPC, no work behind
-    it), each after idling interval * U(0.75, 1.25) as the PLEG caller does, daemons taken in turn. What a
-    daemon cannot answer faster than after a second of idling, on this machine and with this client (the
-    wake-ups of the client's and the daemon's threads), no List can."""
+    it), each after idling interval * U(0.75, 1.25) as the PLEG caller does, daemons taken in turn, and a bare
+    grpc.aio server's (BARE_SERVER) among them. What a daemon cannot answer faster than after a second of
+    idling, on this machine and with this client (the wake-ups of the client's and the daemon's threads), no
+    List can."""
+    import grpc
+
     from cri_server.api.v1 import api_pb2 as pb
-    rng = random.Random(7)
-    xs: dict[str, list[float]] = {s.name: [] for s in sides}
-    for _ in range(n):
-        for s in sides:
-            time.sleep(interval * rng.uniform(0.75, 1.25))
-            t0 = time.perf_counter()
-            s.driver.rt.Version(pb.VersionRequest(), timeout=30)
-            xs[s.name].append((time.perf_counter() - t0) * 1e3)
+    from cri_server.api.v1 import api_pb2_grpc as rpc
+    sock = os.path.join(out_dir, "bare-grpc.sock")
+    bare = subprocess.Popen([sys.executable, "-c", BARE_SERVER, sock], stdout=subprocess.PIPE, text=True)
+    try:
+        assert bare.stdout is not None
+        if bare.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"the bare grpc.aio server did not start (exit {bare.wait()})")
+        stubs = {s.name: s.driver.rt for s in sides}
+        stubs["bare grpc.aio"] = rpc.RuntimeServiceStub(grpc.insecure_channel(f"unix://{sock}"))
+        stubs["bare grpc.aio"].Version(pb.VersionRequest(), timeout=30)      # connected before the first reading
+        rng = random.Random(7)
+        xs: dict[str, list[float]] = {name: [] for name in stubs}
+        for _ in range(n):
+            for name, stub in stubs.items():
+                time.sleep(interval * rng.uniform(0.75, 1.25))
+                t0 = time.perf_counter()
+                stub.Version(pb.VersionRequest(), timeout=30)
+                xs[name].append((time.perf_counter() - t0) * 1e3)
+    finally:
+        bare.terminate()
+        bare.wait()
     return {k: {"p50": round(percentile(v, 50), 2), "p99": round(percentile(v, 99), 2), "max": round(max(v), 2),
                 "n": len(v)} for k, v in xs.items() if v}
 
@@ -397,7 +435,9 @@ def main() -> int:
             for s in sides:
                 results["relist"][s.name]["back_to_back_ms"] = back_to_back(s, a.back_to_back)
         if a.idle_calls:
-            for name, x in idle_floor(sides, a.idle_calls, a.interval).items():
+            floor = idle_floor(sides, a.idle_calls, a.interval, a.out)
+            results["bare_idle_version_ms"] = floor.pop("bare grpc.aio")
+            for name, x in floor.items():
                 results["relist"][name]["idle_version_ms"] = x
         results["load_after"] = os.getloadavg()
         log("tearing down")
@@ -467,6 +507,10 @@ def table(r: dict) -> str:
     if all(xs):
         lines.append(f"| Version after idling ~{r['interval']} s (the floor), ms p50 / p99 (n {xs[0]['n']}) | "
                      + " | ".join(f"{x['p50']} / {x['p99']}" for x in xs) + (" | |" if len(names) == 2 else " |"))
+    bare = r.get("bare_idle_version_ms")
+    if bare:
+        lines += ["", f"A bare grpc.aio server (nothing behind it, the same grpcio and client), Version after the same "
+                      f"idling: p50 {bare['p50']} / p99 {bare['p99']} ms (max {bare['max']}, n {bare['n']})."]
     return "\n".join(lines)
 
 
