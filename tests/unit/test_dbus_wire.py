@@ -16,7 +16,7 @@ import pytest
 
 from runtime.linux import dbus
 from tests.support.dbusd import throwaway_bus
-from tests.support.unixpeer import serve_one
+from tests.support.unixpeer import flooding, serve_one
 
 jeepney = pytest.importorskip("jeepney")
 from jeepney import DBusAddress, HeaderFields, MessageType, new_method_call, new_signal  # noqa: E402
@@ -519,26 +519,11 @@ def test_receive_keeps_its_deadline_while_signals_are_held(pair: tuple[dbus.Conn
 def test_a_flood_does_not_outlast_a_calls_deadline(pair: tuple[dbus.Connection, socket.socket]) -> None:
     """Whole messages already in the buffer were taken without a look at the clock."""
     conn, peer = pair
-    stop = threading.Event()
-    blob = _signals(2000)
-
-    def flood() -> None:
-        try:
-            while not stop.is_set():
-                peer.sendall(blob)
-        except OSError:
-            return
-    thread = threading.Thread(target=flood, daemon=True)
-    thread.start()
-    try:
+    with flooding(peer, _signals(2000)):
         t0 = time.monotonic()
         with pytest.raises(TimeoutError):
             conn.call(dbus.method_call("org.x", "/p", "org.x.I", "M"), t0 + 0.5, "org.x", keep=lambda m: False)
         assert time.monotonic() - t0 < 2.5 and conn.held_signals() == 0
-    finally:
-        stop.set()
-        peer.shutdown(socket.SHUT_RDWR)
-        thread.join(5)
 
 
 # --- addresses ----------------------------------------------------------------------------------------------------

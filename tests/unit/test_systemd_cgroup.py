@@ -19,7 +19,7 @@ from runtime.cgroups import resolve_path
 from runtime.cgroups import systemd as sd
 from runtime.errors import ConfigError, SetupError
 from tests.support.dbusd import throwaway_bus
-from tests.support.unixpeer import serve_one
+from tests.support.unixpeer import flooding, serve_one
 
 INF = 2**64 - 1
 
@@ -576,36 +576,27 @@ def test_a_signal_flood_neither_piles_up_nor_outlasts_the_timeouts() -> None:
     blob = b"".join(dbus.encode_message(m, n + 1) for n, m in enumerate(forged)) * 1000
     reply = dbus.encode_message(dbus.Message(dbus.METHOD_RETURN, reply_serial=1, sender=":1.1", signature="o",
                                              body=(job,)), 9)
-    stop = threading.Event()
 
-    def flood() -> None:
-        try:
-            peer.recv(65536)                    # StartTransientUnit
-            peer.sendall(blob * 3)
-            peer.sendall(reply)
-            while not stop.is_set():
-                peer.sendall(blob)
-        except OSError:
-            return
-    thread = threading.Thread(target=flood, daemon=True)
-    thread.start()
+    def answer(peer: socket.socket) -> None:
+        peer.recv(65536)                    # StartTransientUnit
+        peer.sendall(blob * 3)
+        peer.sendall(reply)
+
     try:
-        (got,) = client.call("start", systemd_dbus._method(systemd_dbus.MANAGER, "StartTransientUnit",
-                                                           "ssa(sv)a(sa(sv))", ("husk-f.scope", "replace", [], [])))
-        assert got == job and conn.held_signals() == 0
-        t0 = time.monotonic()
-        with pytest.raises(SetupError, match="did not finish within 1 s"):
-            client.wait_job(job, "start", timeout=1.0)
-        assert time.monotonic() - t0 < 3
-        t0 = time.monotonic()
-        with pytest.raises(SetupError, match="did not answer within 1 s"):
-            client.call("stop", systemd_dbus._method(systemd_dbus.MANAGER, "StopUnit", "ss", ("x", "replace")),
-                        timeout=1.0)
-        assert time.monotonic() - t0 < 3 and conn.held_signals() == 0
+        with flooding(peer, blob, answer):
+            (got,) = client.call("start", systemd_dbus._method(systemd_dbus.MANAGER, "StartTransientUnit",
+                                                               "ssa(sv)a(sa(sv))", ("husk-f.scope", "replace", [], [])))
+            assert got == job and conn.held_signals() == 0
+            t0 = time.monotonic()
+            with pytest.raises(SetupError, match="did not finish within 1 s"):
+                client.wait_job(job, "start", timeout=1.0)
+            assert time.monotonic() - t0 < 3
+            t0 = time.monotonic()
+            with pytest.raises(SetupError, match="did not answer within 1 s"):
+                client.call("stop", systemd_dbus._method(systemd_dbus.MANAGER, "StopUnit", "ss", ("x", "replace")),
+                            timeout=1.0)
+            assert time.monotonic() - t0 < 3 and conn.held_signals() == 0
     finally:
-        stop.set()
-        peer.shutdown(socket.SHUT_RDWR)
-        thread.join(5)
         client.close()
         peer.close()
 
