@@ -30,8 +30,11 @@ def edit(c: dict) -> None:
 
 
 def _throttled_with_cache(rt, cid: str) -> dict | None:
+    """A stats record once the container was throttled, has page cache and is down to its one process (dd,
+    which makes the cache, has exited: read while it ran, pids.current was 2)."""
     rec = json.loads(rt("events", "--stats", cid).stdout)
-    if rec["data"]["memory"].get("cache") and rec["data"]["cpu"]["throttling"].get("throttledPeriods"):
+    if rec["data"]["memory"].get("cache") and rec["data"]["cpu"]["throttling"].get("throttledPeriods") \
+            and rec["data"]["pids"].get("current") == 1:
         return rec
     return None
 
@@ -56,7 +59,7 @@ def test_stats_have_runcs_shape(husk, runc, make_bundle) -> None:
                                      "dd if=/dev/zero of=/dev/shm/f bs=1M count=2 2>/dev/null; sleep 1000"], edit=edit)
         assert rt.run(b, cid, "-d").returncode == 0
         got[name] = wait_for(lambda: _throttled_with_cache(rt, cid), 30,
-                             f"{name}'s container to be throttled and to have page cache")
+                             f"{name}'s container to be throttled, to have page cache and one process")
     h, r = got["husk"], got["runc"]
     assert (h["type"], r["type"]) == ("stats", "stats")
     assert h["id"] != r["id"]
